@@ -1,0 +1,49 @@
+"""The one error root and its families.
+
+Every error a user can see names what went wrong and what to do about it.
+Expected failures are caught by type; anything else propagates to the
+supervisor that started the task.
+"""
+
+from __future__ import annotations
+
+
+class T3dError(Exception):
+    """Root of every error t3d raises on purpose."""
+
+
+class ConfigError(T3dError):
+    """A setting has a value that is not allowed (start-up stops, exit 2)."""
+
+
+class StoreError(T3dError):
+    """The database refused or lost a statement."""
+
+
+class WriterClosedError(StoreError):
+    """The writer thread is gone; nothing more can be committed."""
+
+
+class ProtocolError(T3dError):
+    """A peer sent something the protocol does not allow."""
+
+
+class ProviderError(T3dError):
+    """A provider CLI failed, could not start, or broke its protocol."""
+
+
+class SpawnerError(T3dError):
+    """A process could not be started or supervised."""
+
+
+class DomainError(T3dError):
+    """A command was rejected by the domain rules.
+
+    ``code`` is a stable machine name (``not_found``, ``conflict``,
+    ``invalid``) that the API maps onto a JSON-RPC error code.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
