@@ -1,0 +1,5 @@
+import sys
+
+from t3d.cli import main
+
+sys.exit(main())

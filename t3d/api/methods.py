@@ -1,0 +1,180 @@
+"""The JSON-RPC methods that do not depend on a connection.
+
+Each method checks its params (all problems named at once), turns them into a
+domain command or a read, and shapes the result. Mutating methods take an
+optional client-minted ``command_id`` (minted here when absent); a retry with
+the same id returns the first result. The same methods serve the WebSocket
+and ``POST /api/dispatch``.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+import t3d
+from t3d.api.jsonrpc import (
+    DOMAIN_CODES,
+    METHOD_NOT_FOUND,
+    NOT_FOUND,
+    Params,
+    RpcError,
+)
+from t3d.domain import commands as c
+from t3d.domain.model import DECISIONS, PROVIDERS
+from t3d.errors import DomainError
+from t3d.store.commit import Committed
+from t3d.store.queries import MAX_TURN_LIMIT
+from t3d.store.store import Store
+
+RUNTIME_MODES = ("approval-required", "auto-accept-edits", "full-access")
+
+Method = Callable[[Params], Awaitable[Any]]
+
+
+def _mint() -> str:
+    return uuid.uuid4().hex
+
+
+def _sequence(committed: Committed) -> int | None:
+    return committed.events[-1].sequence if committed.events else None
+
+
+class Methods:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.table: dict[str, Method] = {
+            "server.hello": self.server_hello,
+            "project.create": self.project_create,
+            "project.list": self.project_list,
+            "thread.create": self.thread_create,
+            "thread.rename": self.thread_rename,
+            "thread.archive": self.thread_archive,
+            "thread.delete": self.thread_delete,
+            "thread.snapshot": self.thread_snapshot,
+            "turn.start": self.turn_start,
+            "turn.interrupt": self.turn_interrupt,
+            "request.respond": self.request_respond,
+            "requests.pending": self.requests_pending,
+        }
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        handler = self.table.get(method)
+        if handler is None:
+            raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}; server.hello lists the methods")
+        return await handler(Params(params))
+
+    async def _execute(self, p: Params, command: c.Command) -> Committed:
+        try:
+            return await self._store.execute(command, command_id=p.raw("command_id") or _mint())
+        except DomainError as exc:
+            raise RpcError(DOMAIN_CODES.get(exc.code, DOMAIN_CODES["invalid"]), exc.message) from None
+
+    # --- methods ---------------------------------------------------------------------------
+
+    async def server_hello(self, p: Params) -> Any:
+        return {
+            "server": "t3d",
+            "version": t3d.__version__,
+            "protocol": 1,
+            "methods": sorted([*self.table, "subscribe.thread", "subscribe.shell", "unsubscribe"]),
+            "providers": list(PROVIDERS),
+        }
+
+    async def project_create(self, p: Params) -> Any:
+        path = p.str("path")
+        title = p.opt_str("title", max_len=500)
+        project_id = p.opt_str("project_id", max_len=200) or _mint()
+        p.opt_str("command_id", max_len=200)
+        p.check()
+        path = os.path.normpath(path)
+        if not os.path.isabs(path):
+            raise RpcError(DOMAIN_CODES["invalid"], f"path {path!r} is not absolute; pass the project's absolute directory path")
+        if not await trio.Path(path).is_dir():
+            raise RpcError(DOMAIN_CODES["invalid"], f"path {path!r} is not a directory on this host; create it first or pass an existing directory")
+        committed = await self._execute(p, c.CreateProject(project_id, path, title))
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def project_list(self, p: Params) -> Any:
+        return {"projects": await self._store.projects()}
+
+    async def thread_create(self, p: Params) -> Any:
+        project_id = p.str("project_id", max_len=200)
+        provider = p.choice("provider", PROVIDERS)
+        title = p.opt_str("title", max_len=500)
+        model = p.opt_str("model", max_len=200)
+        runtime_mode = p.choice("runtime_mode", RUNTIME_MODES, default="approval-required")
+        thread_id = p.opt_str("thread_id", max_len=200) or _mint()
+        workspace = p.raw("workspace")
+        p.check()
+        if workspace not in (None, "root"):
+            raise RpcError(DOMAIN_CODES["invalid"], 'workspace must be "root" in this build; worktrees are not available yet')
+        committed = await self._execute(
+            p, c.CreateThread(thread_id, project_id, provider, title=title, model=model, runtime_mode=runtime_mode)
+        )
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def thread_rename(self, p: Params) -> Any:
+        thread_id, title = p.str("thread_id", max_len=200), p.str("title", max_len=500)
+        p.check()
+        committed = await self._execute(p, c.RenameThread(thread_id, title))
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def thread_archive(self, p: Params) -> Any:
+        thread_id = p.str("thread_id", max_len=200)
+        p.check()
+        committed = await self._execute(p, c.ArchiveThread(thread_id))
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def thread_delete(self, p: Params) -> Any:
+        thread_id = p.str("thread_id", max_len=200)
+        p.check()
+        committed = await self._execute(p, c.DeleteThread(thread_id))
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def thread_snapshot(self, p: Params) -> Any:
+        thread_id = p.str("thread_id", max_len=200)
+        turn_limit = p.opt_int("turn_limit", default=10, low=1, high=MAX_TURN_LIMIT)
+        before = p.opt_int("before", default=None, low=1, high=1 << 62)
+        p.check()
+        return await self.snapshot(thread_id, turn_limit, before)
+
+    async def store_shell(self) -> Any:
+        return await self._store.shell()
+
+    async def snapshot(self, thread_id: str, turn_limit: int, before: int | None) -> Any:
+        snapshot = await self._store.snapshot(thread_id, turn_limit, before)
+        if snapshot is None:
+            raise RpcError(NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+        return snapshot
+
+    async def turn_start(self, p: Params) -> Any:
+        thread_id = p.str("thread_id", max_len=200)
+        text = p.str("text", max_len=1_000_000)
+        turn_id = p.opt_str("turn_id", max_len=200) or _mint()
+        p.check()
+        committed = await self._execute(p, c.StartTurn(thread_id, turn_id, text))
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def turn_interrupt(self, p: Params) -> Any:
+        thread_id = p.str("thread_id", max_len=200)
+        p.check()
+        committed = await self._execute(p, c.InterruptTurn(thread_id))
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def request_respond(self, p: Params) -> Any:
+        request_id = p.str("request_id", max_len=200)
+        decision = p.choice("decision", DECISIONS)
+        message = p.opt_str("message", max_len=10_000)
+        p.check()
+        committed = await self._execute(p, c.RespondToRequest(request_id, decision, message))
+        return {**committed.result, "sequence": _sequence(committed)}
+
+    async def requests_pending(self, p: Params) -> Any:
+        thread_id = p.opt_str("thread_id", max_len=200)
+        p.check()
+        return {"requests": await self._store.pending_requests(thread_id)}

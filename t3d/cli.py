@@ -1,0 +1,129 @@
+"""The ``t3d`` command: ``serve`` runs the daemon, ``ctl`` administers it.
+
+Exit status: 0 after a clean stop, 1 when the daemon had to stop (e.g. the
+database writer died: systemd restarts it), 2 for bad settings or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import trio
+
+import t3d
+from t3d.config import Settings, environment_help, load_settings
+from t3d.errors import ConfigError, T3dError
+
+SERVE_FLAGS = (
+    ("--state-dir", "state_dir", "where the database and token live (T3D_STATE_DIR; default $XDG_STATE_HOME/t3d or ~/.local/state/t3d)"),
+    ("--host", "host", "address to listen on (T3D_HOST; default 127.0.0.1)"),
+    ("--port", "port", "port to listen on, 0 = any free port (T3D_PORT; default 3774)"),
+    ("--sqlite-reader-pool", "sqlite_reader_pool", "SQLite reader threads, 1-32 (T3D_SQLITE_READER_POOL; default 4)"),
+    ("--claude-bin", "claude_bin", "the claude CLI for the claude provider (T3D_CLAUDE_BIN; default claude)"),
+    ("--replay-fixture", "replay_fixture", "transcript for the replay provider (T3D_REPLAY_FIXTURE; default: the bundled multi-turn one)"),
+    ("--replay-speed", "replay_speed", "replay timing scale, 0 = no delays (T3D_REPLAY_SPEED; default 1)"),
+    ("--interrupt-timeout", "interrupt_timeout", "seconds before an unanswered interrupt stops the provider (T3D_INTERRUPT_TIMEOUT; default 10)"),
+    ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from t3d.ctl import add_ctl_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="t3d",
+        description="t3d runs and supervises coding-agent sessions and streams them to local clients.",
+        epilog=f"Settings: flags override environment variables ({environment_help()}), which override defaults.",
+    )
+    parser.add_argument("--version", action="version", version=f"t3d {t3d.__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    serve = commands.add_parser("serve", help="run the daemon in the foreground", description="Run the t3d daemon in the foreground until SIGTERM or Ctrl-C.")
+    for flag, dest, text in SERVE_FLAGS:
+        serve.add_argument(flag, dest=dest, default=None, help=text)
+    ctl = commands.add_parser("ctl", help="administer a running daemon over its API", description="Administer a running t3d daemon over its API.")
+    add_ctl_arguments(ctl)
+    return parser
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+async def _serve(settings: Settings) -> None:
+    from t3d.daemon import run_daemon
+
+    async with trio.open_nursery() as nursery:
+
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for sig in signals:
+                    logging.getLogger("t3d").info("received %s; shutting down", signal.Signals(sig).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+        nursery.start_soon(stop_on_signal)
+        info = await nursery.start(run_daemon, settings)
+        print(f"t3d serving on {info.url}", file=sys.stderr, flush=True)
+        print(f"token: {info.token_path}", file=sys.stderr, flush=True)
+
+
+def serve(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings({dest: getattr(args, dest) for _, dest, _ in SERVE_FLAGS}, os.environ)
+    except ConfigError as exc:
+        print(f"t3d: invalid setting: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings.log_level)
+    try:
+        trio.run(_serve, settings)
+    except BaseException as exc:
+        return _exit_status(_leaf(exc), settings)
+    return 0
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The one error inside nested single-member exception groups (Trio nurseries wrap)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _exit_status(exc: BaseException, settings: Settings) -> int:
+    if isinstance(exc, ConfigError):
+        print(f"t3d: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(exc, T3dError):
+        logging.getLogger("t3d").critical("stopped: %s", exc)
+        return 1
+    if isinstance(exc, OSError):
+        print(
+            f"t3d: could not listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
+            "pick another --port or stop the other server",
+            file=sys.stderr,
+        )
+        return 1
+    if isinstance(exc, KeyboardInterrupt):
+        return 0
+    raise exc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
+    from t3d.ctl import run_ctl
+
+    return run_ctl(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

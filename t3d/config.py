@@ -1,0 +1,154 @@
+"""Settings: command-line flags over ``T3D_*`` environment variables over defaults.
+
+Pure: `load_settings(flags, environ)` never touches the disk. Every bad value
+raises `ConfigError` naming the setting, the bad value and what is allowed;
+`t3d serve` turns that into exit status 2.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+
+from t3d.errors import ConfigError
+
+T = TypeVar("T")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 3774
+
+
+@attrs.frozen
+class Settings:
+    state_dir: Path
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    # Reader threads for SQLite reads.
+    sqlite_reader_pool: int = 4
+    # The `claude` binary for the claude provider.
+    claude_bin: str = "claude"
+    # Transcript the replay provider plays; None = the bundled multi-turn one.
+    replay_fixture: Path | None = None
+    # Replay timing scale (2 = twice as fast, 0 = no delays).
+    replay_speed: float = 1.0
+    # Seconds a provider gets to honour an interrupt before it is stopped.
+    interrupt_timeout: float = 10.0
+    log_level: str = "info"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "t3d.sqlite"
+
+    @property
+    def token_path(self) -> Path:
+        return self.state_dir / "auth" / "token"
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def default_state_dir(environ: Mapping[str, str]) -> Path:
+    xdg = environ.get("XDG_STATE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "t3d"
+    home = environ.get("HOME") or os.path.expanduser("~")
+    return Path(home) / ".local" / "state" / "t3d"
+
+
+def _int_in(low: int, high: int) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not an integer; use a whole number from {low} to {high}") from None
+        if not low <= value <= high:
+            raise ConfigError(f"{name}={raw!r} is out of range; use a whole number from {low} to {high}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a number; use a number from {low:g} to {high:g}") from None
+        if not low <= value <= high:
+            raise ConfigError(f"{name}={raw!r} is out of range; use a number from {low:g} to {high:g}")
+        return value
+
+    return parse
+
+
+def _host(name: str, raw: str) -> str:
+    if raw == "localhost":
+        return raw
+    try:
+        ipaddress.ip_address(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not an IP address; use 127.0.0.1 (the default), ::1, localhost, "
+            "or another address of this host (binding beyond loopback exposes the API to the network)"
+        ) from None
+    return raw
+
+
+def _abs_path(name: str, raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if not raw.strip():
+        raise ConfigError(f"{name} is empty; give a directory path")
+    return path.absolute()
+
+
+def _text(name: str, raw: str) -> str:
+    if not raw.strip():
+        raise ConfigError(f"{name} is empty; give a value")
+    return raw
+
+
+def _choice(*allowed: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        if raw.lower() not in allowed:
+            raise ConfigError(f"{name}={raw!r} is not allowed; use one of {', '.join(allowed)}")
+        return raw.lower()
+
+    return parse
+
+
+# setting name -> (flag attribute, environment variable, parser)
+_SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "state_dir": ("T3D_STATE_DIR", _abs_path),
+    "host": ("T3D_HOST", _host),
+    "port": ("T3D_PORT", _int_in(0, 65535)),
+    "sqlite_reader_pool": ("T3D_SQLITE_READER_POOL", _int_in(1, 32)),
+    "claude_bin": ("T3D_CLAUDE_BIN", _text),
+    "replay_fixture": ("T3D_REPLAY_FIXTURE", _abs_path),
+    "replay_speed": ("T3D_REPLAY_SPEED", _float_in(0.0, 1000.0)),
+    "interrupt_timeout": ("T3D_INTERRUPT_TIMEOUT", _float_in(0.1, 600.0)),
+    "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
+}
+
+
+def load_settings(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Settings:
+    """Resolve every setting. ``flags`` holds parsed CLI values (None = not given)."""
+    values: dict[str, Any] = {}
+    for field, (env_name, parse) in _SETTINGS.items():
+        flag = flags.get(field)
+        if flag is not None:
+            values[field] = parse("--" + field.replace("_", "-"), str(flag))
+        elif env_name in environ:
+            values[field] = parse(env_name, environ[env_name])
+    values.setdefault("state_dir", default_state_dir(environ))
+    return Settings(**values)
+
+
+def environment_help() -> str:
+    return ", ".join(env for env, _ in _SETTINGS.values())

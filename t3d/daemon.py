@@ -1,0 +1,100 @@
+"""`run_daemon`: the supervision tree (DESIGN.md §2), read top-down.
+
+Start order is the order below; shutdown runs it backwards: the API stops
+taking requests, effects stop, provider sessions are stopped (bounded), and
+the store lets every job already sent commit before it closes. A lost
+database writer cancels everything and surfaces as `WriterLostError`
+(the CLI exits with status 1 so systemd restarts the daemon).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import Any
+
+import attrs
+import trio
+
+from t3d.api.app import ApiApp, health_payload
+from t3d.api.auth import load_or_create_token
+from t3d.api.methods import Methods
+from t3d.api.transport import TransportStats, serve_api_transport
+from t3d.config import Settings
+from t3d.effects import EffectQueue, run_effects
+from t3d.errors import StoreError
+from t3d.live.hub import Hub
+from t3d.loop_monitor import LoopMonitor
+from t3d.sessions import open_sessions
+from t3d.spawn.process import DirectSpawner
+from t3d.store.store import open_store
+
+log = logging.getLogger("t3d")
+
+
+class WriterLostError(StoreError):
+    """The database writer thread died; the daemon must restart."""
+
+
+@attrs.frozen
+class DaemonInfo:
+    url: str
+    port: int
+    token_path: str
+
+
+async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonInfo] = trio.TASK_STATUS_IGNORED) -> None:
+    started = time.monotonic()
+    token, token_path = await trio.to_thread.run_sync(load_or_create_token, settings.state_dir)
+    lost: list[BaseException | None] = []
+
+    with trio.CancelScope() as daemon_scope:
+
+        def on_writer_lost(error: BaseException | None) -> None:
+            log.critical("the database writer is gone; exiting so the service restarts")
+            lost.append(error)
+            daemon_scope.cancel()
+
+        async with open_store(settings.db_path, readers=settings.sqlite_reader_pool, on_writer_lost=on_writer_lost) as store:
+            hub = Hub()
+            effects = EffectQueue()
+            store.on_commit(hub.publish)
+            store.on_commit(effects.on_commit)
+            monitor = LoopMonitor()
+            transport = TransportStats()
+            bound: list[int] = [settings.port]
+
+            async with open_sessions(store, DirectSpawner(), settings) as sessions, trio.open_nursery() as nursery:
+
+                def health() -> dict[str, Any]:
+                    lag = monitor.statistics()
+                    stats = store.statistics()
+                    return health_payload(
+                        started,
+                        {
+                            "loop_lag_ms": {"last": lag.last_ms, "p99": lag.p99_ms, "max": lag.max_ms},
+                            "writer_queue": stats.writer_queue,
+                            "readers_busy": stats.readers_busy,
+                            "sessions": sessions.count,
+                            "connections": transport.statistics().open_connections,
+                            "admission": "open",
+                        },
+                    )
+
+                await nursery.start(monitor.run)
+                await nursery.start(run_effects, store, effects, sessions.dispatch)
+                app = ApiApp(Methods(store), hub, token, health=health, bound=lambda: (settings.host, bound[0]))
+                port = await nursery.start(partial(serve_api_transport, stats=transport), app, settings.host, settings.port)
+                bound[0] = port
+                url = attrs.evolve(settings, port=port).url
+                log.info("t3d %s serving on %s (token in %s)", _version(), url, token_path)
+                task_status.started(DaemonInfo(url, port, str(token_path)))
+    if lost:
+        raise WriterLostError("the database writer thread died") from lost[0]
+
+
+def _version() -> str:
+    import t3d
+
+    return t3d.__version__

@@ -1,0 +1,55 @@
+"""Entities to and from plain JSON values (storage and wire share one shape).
+
+One cattrs converter (orjson preconf) so every entity has exactly one JSON
+form; `entity_from` is its inverse, keyed by event kind.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from cattrs.preconf.orjson import make_converter
+
+from t3d.domain.events import Event, EventKind
+from t3d.domain.model import (
+    Entity,
+    Project,
+    ProviderSession,
+    RuntimeRequest,
+    Thread,
+    Turn,
+    TurnItem,
+)
+
+converter = make_converter()
+
+ENTITY_OF_KIND: dict[str, type] = {
+    "project.updated": Project,
+    "thread.updated": Thread,
+    "thread.deleted": Thread,
+    "turn.updated": Turn,
+    "item.updated": TurnItem,
+    "request.updated": RuntimeRequest,
+    "session.updated": ProviderSession,
+}
+
+
+def to_json(entity: Entity) -> dict[str, Any]:
+    return converter.unstructure(entity)  # type: ignore[no-any-return]
+
+
+def entity_from(kind: str, value: dict[str, Any]) -> Entity:
+    return converter.structure(value, ENTITY_OF_KIND[kind])  # type: ignore[no-any-return]
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def event_payload(event: Event) -> bytes:
+    return orjson.dumps(to_json(event.entity))
+
+
+def event_from(kind: EventKind, payload: bytes) -> Event:
+    return Event(kind, entity_from(kind, orjson.loads(payload)))

@@ -1,0 +1,442 @@
+"""`decide(view, command, now)`: the domain rules, as a pure function.
+
+Theory of operation: a command is checked against the current projections
+(`StateView`) and turned into events (whole entities) and outbox effects. It
+never mutates anything; the store applies the events in the same transaction
+that records them. A rule that fails raises `DomainError` with a stable
+``code`` and a message that says what to do.
+
+Rules worth knowing:
+- A thread runs one turn at a time. A turn started while another is open is
+  ``queued`` (reason ``thread_busy``) and starts when the open one ends.
+- Thread status is derived: ``waiting`` while a turn waits on a request,
+  ``running`` while a turn is active, else ``idle``.
+- Every turn ends with exactly one terminal record; pending requests of a
+  finished turn are cancelled (expired after a restart).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from t3d.domain import commands as c
+from t3d.domain.events import (
+    AnswerProviderRequest,
+    Effect,
+    Event,
+    InterruptProviderTurn,
+    StartProviderTurn,
+    StopProviderSession,
+    deleted,
+    updated,
+)
+from t3d.domain.model import (
+    ACTIVE_TURN_STATUSES,
+    DECISIONS,
+    PROVIDERS,
+    RUNNABLE_PROVIDERS,
+    TERMINAL_TURN_STATUSES,
+    Entity,
+    JsonDict,
+    Project,
+    RuntimeRequest,
+    Thread,
+    ThreadStatus,
+    Turn,
+    TurnItem,
+)
+from t3d.domain.state import StateView
+from t3d.errors import DomainError
+
+MAX_TEXT = 1_000_000
+MAX_TITLE = 500
+
+
+@attrs.frozen
+class Decision:
+    events: list[Event]
+    effects: list[Effect]
+    result: JsonDict
+
+
+class _Draft:
+    """The view plus the entities this command has changed so far."""
+
+    def __init__(self, view: StateView) -> None:
+        self.view = view
+        self.events: list[Event] = []
+        self.effects: list[Effect] = []
+        self._changed: dict[tuple[type, str], Entity] = {}
+        self._new_items: dict[str, int] = {}
+
+    def put(self, entity: Entity) -> None:
+        self._changed[(type(entity), entity.id)] = entity
+        self.events.append(updated(entity))
+
+    def next_item_ordinal(self, turn_id: str) -> int:
+        added = self._new_items.get(turn_id, 0) + 1
+        self._new_items[turn_id] = added
+        return self.view.item_count(turn_id) + added
+
+    def get(self, kind: type, key: str, read: Callable[[str], Any]) -> Any:
+        return self._changed.get((kind, key)) or read(key)
+
+    def thread(self, thread_id: str) -> Thread:
+        thread = self.get(Thread, thread_id, self.view.thread)
+        if thread is None:
+            raise DomainError("not_found", f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+        return thread  # type: ignore[no-any-return]
+
+    def turn(self, turn_id: str) -> Turn:
+        turn = self.get(Turn, turn_id, self.view.turn)
+        if turn is None:
+            raise DomainError("not_found", f"turn {turn_id!r} does not exist")
+        return turn  # type: ignore[no-any-return]
+
+    def open_turns(self, thread_id: str) -> list[Turn]:
+        by_id = {t.id: t for t in self.view.open_turns(thread_id)}
+        for (kind, _), entity in self._changed.items():
+            if kind is Turn and entity.thread_id == thread_id:  # type: ignore[union-attr]
+                by_id[entity.id] = entity  # type: ignore[assignment]
+        return sorted((t for t in by_id.values() if not t.terminal), key=lambda t: t.ordinal)
+
+    def refresh_thread_status(self, thread_id: str) -> None:
+        thread = self.thread(thread_id)
+        status = _derived_status(self.open_turns(thread_id))
+        if status != thread.status:
+            self.put(attrs.evolve(thread, status=status))
+
+    def decision(self, **result: Any) -> Decision:
+        return Decision(self.events, self.effects, result)
+
+
+def _derived_status(open_turns: list[Turn]) -> ThreadStatus:
+    statuses = {t.status for t in open_turns}
+    if "waiting" in statuses:
+        return "waiting"
+    if statuses & ACTIVE_TURN_STATUSES:
+        return "running"
+    return "idle"
+
+
+def _require(condition: bool, code: str, message: str) -> None:
+    if not condition:
+        raise DomainError(code, message)
+
+
+def _clean_title(title: str | None, fallback: str) -> str:
+    title = (title or "").strip() or fallback
+    _require(len(title) <= MAX_TITLE, "invalid", f"title is longer than {MAX_TITLE} characters; shorten it")
+    return title
+
+
+# --- client commands -----------------------------------------------------------
+
+
+def _create_project(d: _Draft, cmd: c.CreateProject, now: float) -> Decision:
+    _require(cmd.path.startswith("/"), "invalid", f"project path {cmd.path!r} is not absolute; pass an absolute directory path")
+    existing = d.view.project_by_path(cmd.path)
+    if existing is not None:
+        return d.decision(project_id=existing.id, existed=True)
+    _require(d.view.project(cmd.project_id) is None, "conflict", f"project id {cmd.project_id!r} is taken; mint a new id")
+    title = _clean_title(cmd.title, cmd.path.rstrip("/").rsplit("/", 1)[-1] or cmd.path)
+    d.put(Project(id=cmd.project_id, path=cmd.path, title=title, created_at=now))
+    return d.decision(project_id=cmd.project_id)
+
+
+def _create_thread(d: _Draft, cmd: c.CreateThread, now: float) -> Decision:
+    _require(d.view.project(cmd.project_id) is not None, "not_found", f"project {cmd.project_id!r} does not exist; create it with project.create")
+    _require(cmd.provider in PROVIDERS, "invalid", f"provider {cmd.provider!r} is unknown; use one of {', '.join(PROVIDERS)}")
+    _require(
+        cmd.provider in RUNNABLE_PROVIDERS,
+        "invalid",
+        f"provider {cmd.provider!r} is not available in this build yet; use one of {', '.join(RUNNABLE_PROVIDERS)}",
+    )
+    _require(d.view.thread(cmd.thread_id) is None, "conflict", f"thread id {cmd.thread_id!r} is taken; mint a new id")
+    if cmd.parent_thread_id is not None:
+        d.thread(cmd.parent_thread_id)
+    d.put(
+        Thread(
+            id=cmd.thread_id,
+            project_id=cmd.project_id,
+            title=_clean_title(cmd.title, "New thread"),
+            provider=cmd.provider,
+            model=cmd.model,
+            runtime_mode=cmd.runtime_mode or "approval-required",
+            worktree_path=cmd.worktree_path,
+            branch=cmd.branch,
+            parent_thread_id=cmd.parent_thread_id,
+            status="idle",
+            created_at=now,
+        )
+    )
+    return d.decision(thread_id=cmd.thread_id)
+
+
+def _rename_thread(d: _Draft, cmd: c.RenameThread, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    d.put(attrs.evolve(thread, title=_clean_title(cmd.title, thread.title)))
+    return d.decision(thread_id=thread.id)
+
+
+def _archive_thread(d: _Draft, cmd: c.ArchiveThread, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    if thread.archived_at is None:
+        _finish_open_turns(d, thread.id, now, "cancelled", "thread archived", "archived")
+        d.put(attrs.evolve(d.thread(thread.id), archived_at=now))
+        d.effects.append(StopProviderSession(thread.id))
+    return d.decision(thread_id=thread.id)
+
+
+def _delete_thread(d: _Draft, cmd: c.DeleteThread, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    d.events.append(deleted(thread))
+    d.effects.append(StopProviderSession(thread.id))
+    return d.decision(thread_id=thread.id)
+
+
+def _start_turn(d: _Draft, cmd: c.StartTurn, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    _require(thread.archived_at is None, "conflict", f"thread {thread.id!r} is archived; start a new thread")
+    _require(bool(cmd.text.strip()), "invalid", "text is empty; send the prompt as a non-empty string")
+    _require(len(cmd.text) <= MAX_TEXT, "invalid", f"text is longer than {MAX_TEXT} characters; shorten the prompt")
+    _require(d.view.turn(cmd.turn_id) is None, "conflict", f"turn id {cmd.turn_id!r} is taken; mint a new id")
+    busy = bool(d.open_turns(thread.id))
+    turn = Turn(
+        id=cmd.turn_id,
+        thread_id=thread.id,
+        ordinal=d.view.turn_count(thread.id) + 1,
+        status="queued" if busy else "starting",
+        queue_reason="thread_busy" if busy else None,
+        requested_at=now,
+    )
+    d.put(turn)
+    d.put(
+        TurnItem(
+            id=f"{turn.id}:user",
+            thread_id=thread.id,
+            turn_id=turn.id,
+            ordinal=1,
+            kind="user_message",
+            status="completed",
+            title=None,
+            text=cmd.text,
+            data=None,
+            updated_at=now,
+        )
+    )
+    if not busy:
+        d.effects.append(StartProviderTurn(thread.id, turn.id, cmd.text))
+    d.refresh_thread_status(thread.id)
+    return d.decision(turn_id=turn.id, status=turn.status)
+
+
+def _interrupt_turn(d: _Draft, cmd: c.InterruptTurn, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    open_turns = d.open_turns(thread.id)
+    active = [t for t in open_turns if t.status in ACTIVE_TURN_STATUSES]
+    if active:
+        turn = active[0]
+        if turn.interrupt_requested_at is None:
+            d.put(attrs.evolve(turn, interrupt_requested_at=now))
+        d.effects.append(InterruptProviderTurn(thread.id, turn.id))
+        return d.decision(turn_id=turn.id, status=turn.status)
+    queued = [t for t in open_turns if t.status == "queued"]
+    _require(bool(queued), "conflict", f"thread {thread.id!r} has no running or queued turn to interrupt")
+    for turn in queued:
+        d.put(attrs.evolve(turn, status="cancelled", completed_at=now, reason="interrupted_while_queued"))
+    d.refresh_thread_status(thread.id)
+    return d.decision(turn_id=queued[0].id, status="cancelled")
+
+
+def _respond_to_request(d: _Draft, cmd: c.RespondToRequest, now: float) -> Decision:
+    request = d.get(RuntimeRequest, cmd.request_id, d.view.request)
+    _require(request is not None, "not_found", f"request {cmd.request_id!r} does not exist; list them with requests.pending")
+    _require(cmd.decision in DECISIONS, "invalid", f"decision {cmd.decision!r} is unknown; use one of {', '.join(DECISIONS)}")
+    _require(request.status == "pending", "conflict", f"request {request.id!r} is already {request.status}")
+    d.put(attrs.evolve(request, status="resolved", decision=cmd.decision, message=cmd.message, resolved_at=now))
+    item = d.get(TurnItem, request.item_id, d.view.item)
+    if item is not None:
+        allowed = cmd.decision in ("allow", "allow_session")
+        d.put(attrs.evolve(item, status="allowed" if allowed else "denied", updated_at=now))
+    turn = d.turn(request.turn_id)
+    still_pending = [r for r in d.view.pending_requests(turn.id) if r.id != request.id]
+    if turn.status == "waiting" and not still_pending:
+        d.put(attrs.evolve(turn, status="running"))
+        d.refresh_thread_status(turn.thread_id)
+    d.effects.append(AnswerProviderRequest(turn.thread_id, request.id, cmd.decision, cmd.message))
+    return d.decision(request_id=request.id)
+
+
+# --- provider commands ---------------------------------------------------------
+
+
+def _open_turn(d: _Draft, turn_id: str) -> Turn:
+    turn = d.turn(turn_id)
+    _require(not turn.terminal, "conflict", f"turn {turn_id!r} is already {turn.status}")
+    return turn
+
+
+def _mark_turn_running(d: _Draft, cmd: c.MarkTurnRunning, now: float) -> Decision:
+    turn = _open_turn(d, cmd.turn_id)
+    if turn.status in ("queued", "starting"):
+        d.put(attrs.evolve(turn, status="running", queue_reason=None, started_at=now))
+        d.refresh_thread_status(turn.thread_id)
+    return d.decision(turn_id=turn.id)
+
+
+def _upsert_item(d: _Draft, item: TurnItem, turn: Turn) -> TurnItem:
+    existing = d.get(TurnItem, item.id, d.view.item)
+    if existing is not None:
+        _require(existing.turn_id == turn.id, "conflict", f"item {item.id!r} belongs to another turn")
+        ordinal = existing.ordinal
+    else:
+        ordinal = d.next_item_ordinal(turn.id)
+    stored = attrs.evolve(item, thread_id=turn.thread_id, turn_id=turn.id, ordinal=ordinal)
+    if stored != existing:
+        d.put(stored)
+    return stored
+
+
+def _record_items(d: _Draft, cmd: c.RecordItems, now: float) -> Decision:
+    turn = _open_turn(d, cmd.turn_id)
+    for item in cmd.items:
+        _upsert_item(d, item, turn)
+    return d.decision(turn_id=turn.id)
+
+
+def _open_request(d: _Draft, cmd: c.OpenRequest, now: float) -> Decision:
+    turn = _open_turn(d, cmd.turn_id)
+    _require(d.view.request(cmd.request_id) is None, "conflict", f"request id {cmd.request_id!r} is taken")
+    item = _upsert_item(d, cmd.item, turn)
+    d.put(
+        RuntimeRequest(
+            id=cmd.request_id,
+            thread_id=turn.thread_id,
+            turn_id=turn.id,
+            item_id=item.id,
+            kind=cmd.kind,
+            status="pending",
+            created_at=now,
+            data=cmd.data,
+        )
+    )
+    d.put(attrs.evolve(turn, status="waiting", started_at=turn.started_at or now))
+    d.refresh_thread_status(turn.thread_id)
+    return d.decision(request_id=cmd.request_id)
+
+
+def _finish_turn(d: _Draft, cmd: c.FinishTurn, now: float) -> Decision:
+    _require(cmd.status in TERMINAL_TURN_STATUSES, "invalid", f"status {cmd.status!r} is not terminal")
+    turn = d.turn(cmd.turn_id)
+    if turn.terminal:  # a turn ends once; a late second report changes nothing
+        return d.decision(turn_id=turn.id, status=turn.status)
+    _close_turn(d, turn, now, cmd.status, cmd.error, cmd.reason, usage=cmd.usage, cost_usd=cmd.cost_usd)
+    _start_next_queued(d, turn.thread_id)
+    d.refresh_thread_status(turn.thread_id)
+    return d.decision(turn_id=turn.id, status=cmd.status)
+
+
+def _close_turn(
+    d: _Draft,
+    turn: Turn,
+    now: float,
+    status: str,
+    error: str | None,
+    reason: str | None,
+    *,
+    usage: JsonDict | None = None,
+    cost_usd: float | None = None,
+    request_status: str = "cancelled",
+) -> None:
+    for request in d.view.pending_requests(turn.id):
+        request = d.get(RuntimeRequest, request.id, d.view.request)
+        if request.status == "pending":
+            d.put(attrs.evolve(request, status=request_status, resolved_at=now))
+    d.put(
+        attrs.evolve(
+            turn,
+            status=status,
+            completed_at=now,
+            error=error,
+            reason=reason,
+            usage=usage if usage is not None else turn.usage,
+            cost_usd=cost_usd if cost_usd is not None else turn.cost_usd,
+        )
+    )
+
+
+def _finish_open_turns(d: _Draft, thread_id: str, now: float, status: str, error: str, reason: str) -> None:
+    for turn in d.open_turns(thread_id):
+        _close_turn(d, turn, now, status, error, reason)
+    d.refresh_thread_status(thread_id)
+
+
+def _start_next_queued(d: _Draft, thread_id: str) -> None:
+    open_turns = d.open_turns(thread_id)
+    if any(t.status in ACTIVE_TURN_STATUSES for t in open_turns):
+        return
+    queued = [t for t in open_turns if t.status == "queued"]
+    if not queued:
+        return
+    turn = queued[0]
+    d.put(attrs.evolve(turn, status="starting", queue_reason=None))
+    user = d.get(TurnItem, f"{turn.id}:user", d.view.item)
+    d.effects.append(StartProviderTurn(thread_id, turn.id, user.text if user and user.text else ""))
+
+
+def _record_session(d: _Draft, cmd: c.RecordSession, now: float) -> Decision:
+    d.thread(cmd.session.thread_id)
+    d.put(cmd.session)
+    return d.decision(session_id=cmd.session.id)
+
+
+def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) -> Decision:
+    threads: set[str] = set()
+    for turn in d.view.all_open_turns():
+        threads.add(turn.thread_id)
+        if turn.status in ACTIVE_TURN_STATUSES:
+            _close_turn(
+                d,
+                turn,
+                now,
+                "interrupted",
+                "the daemon restarted while this turn ran; start a new turn to continue",
+                "server_restart",
+                request_status="expired",
+            )
+    for request in d.view.all_pending_requests():
+        if d.get(RuntimeRequest, request.id, d.view.request).status == "pending":
+            d.put(attrs.evolve(request, status="expired", resolved_at=now))
+    for session in d.view.live_sessions():
+        d.put(attrs.evolve(session, status="exited", exited_at=now))
+    for thread_id in sorted(threads):
+        _start_next_queued(d, thread_id)
+        d.refresh_thread_status(thread_id)
+    return d.decision(threads=len(threads))
+
+
+_RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
+    c.CreateProject: _create_project,
+    c.CreateThread: _create_thread,
+    c.RenameThread: _rename_thread,
+    c.ArchiveThread: _archive_thread,
+    c.DeleteThread: _delete_thread,
+    c.StartTurn: _start_turn,
+    c.InterruptTurn: _interrupt_turn,
+    c.RespondToRequest: _respond_to_request,
+    c.MarkTurnRunning: _mark_turn_running,
+    c.RecordItems: _record_items,
+    c.OpenRequest: _open_request,
+    c.FinishTurn: _finish_turn,
+    c.RecordSession: _record_session,
+    c.RecoverAfterRestart: _recover_after_restart,
+}
+
+
+def decide(view: StateView, command: c.Command, now: float) -> Decision:
+    """Check `command` against `view`; return the events, effects and result."""
+    return _RULES[type(command)](_Draft(view), command, now)

@@ -1,0 +1,100 @@
+"""Events and outbox effects: what `decide` produces.
+
+An event carries a whole entity; projecting it replaces that entity's row
+(``thread.deleted`` removes the thread and everything under it). The store
+gives each committed event its place in one global sequence.
+
+An effect is work for the outside world (start a provider turn, send an
+interrupt, answer a permission prompt). It is written to the outbox in the
+same transaction as the events that call for it, and run after COMMIT.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from t3d.domain.model import (
+    Entity,
+    Project,
+    ProviderSession,
+    RuntimeRequest,
+    Thread,
+    Turn,
+    TurnItem,
+)
+
+EventKind = Literal[
+    "project.updated",
+    "thread.updated",
+    "thread.deleted",
+    "turn.updated",
+    "item.updated",
+    "request.updated",
+    "session.updated",
+]
+
+KIND_OF_ENTITY: dict[type, EventKind] = {
+    Project: "project.updated",
+    Thread: "thread.updated",
+    Turn: "turn.updated",
+    TurnItem: "item.updated",
+    RuntimeRequest: "request.updated",
+    ProviderSession: "session.updated",
+}
+
+
+@attrs.frozen
+class Event:
+    kind: EventKind
+    entity: Entity
+
+    @property
+    def thread_id(self) -> str | None:
+        if isinstance(self.entity, Project):
+            return None
+        if isinstance(self.entity, Thread):
+            return self.entity.id
+        return self.entity.thread_id
+
+
+def updated(entity: Entity) -> Event:
+    return Event(KIND_OF_ENTITY[type(entity)], entity)
+
+
+def deleted(thread: Thread) -> Event:
+    return Event("thread.deleted", thread)
+
+
+@attrs.frozen
+class StartProviderTurn:
+    """Hand the turn's user text to the thread's provider session."""
+
+    thread_id: str
+    turn_id: str
+    text: str
+
+
+@attrs.frozen
+class InterruptProviderTurn:
+    thread_id: str
+    turn_id: str
+
+
+@attrs.frozen
+class AnswerProviderRequest:
+    thread_id: str
+    request_id: str
+    decision: str
+    message: str | None
+
+
+@attrs.frozen
+class StopProviderSession:
+    """The thread was archived or deleted: end its provider process."""
+
+    thread_id: str
+
+
+Effect = StartProviderTurn | InterruptProviderTurn | AnswerProviderRequest | StopProviderSession

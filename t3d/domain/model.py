@@ -1,0 +1,144 @@
+"""Domain entities: what a thread, a turn, an item and a request are.
+
+Entities are frozen attrs classes; every change makes a new value and an
+event that carries the whole entity (DESIGN.md §3), so a projection is always
+"replace the row". Ids are strings; clients mint the ids of what they create.
+Times are seconds since the epoch (float), supplied by the caller so the
+domain stays pure and testable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+JsonDict = dict[str, Any]
+
+PROVIDERS = ("claude", "codex", "replay")
+RUNNABLE_PROVIDERS = ("claude", "replay")
+
+ThreadStatus = Literal["idle", "running", "waiting"]
+TurnStatus = Literal[
+    "queued", "starting", "running", "waiting", "completed", "interrupted", "failed", "cancelled"
+]
+TERMINAL_TURN_STATUSES = frozenset({"completed", "interrupted", "failed", "cancelled"})
+ACTIVE_TURN_STATUSES = frozenset({"starting", "running", "waiting"})
+
+ItemKind = Literal[
+    "user_message",
+    "assistant_message",
+    "reasoning",
+    "tool_call",
+    "command",
+    "file_change",
+    "approval_request",
+    "user_input_request",
+    "subagent",
+    "checkpoint",
+    "error",
+]
+ItemStatus = Literal["streaming", "running", "completed", "failed", "pending", "allowed", "denied"]
+
+RequestStatus = Literal["pending", "resolved", "expired", "cancelled"]
+Decision = Literal["allow", "allow_session", "deny", "cancel"]
+DECISIONS = ("allow", "allow_session", "deny", "cancel")
+
+SessionStatus = Literal["starting", "running", "exited"]
+
+
+@attrs.frozen
+class Project:
+    id: str
+    path: str
+    title: str
+    created_at: float
+
+
+@attrs.frozen
+class Thread:
+    id: str
+    project_id: str
+    title: str
+    provider: str
+    model: str | None
+    runtime_mode: str
+    worktree_path: str | None
+    branch: str | None
+    parent_thread_id: str | None
+    # Derived from the thread's turns and requests by `decide`; never set by clients.
+    status: ThreadStatus
+    created_at: float
+    archived_at: float | None = None
+
+
+@attrs.frozen
+class Turn:
+    id: str
+    thread_id: str
+    # 1-based, dense per thread, assigned at turn.start.
+    ordinal: int
+    status: TurnStatus
+    requested_at: float
+    queue_reason: str | None = None
+    started_at: float | None = None
+    completed_at: float | None = None
+    interrupt_requested_at: float | None = None
+    usage: JsonDict | None = None
+    cost_usd: float | None = None
+    # For failed/interrupted/cancelled turns: what happened, in words a user can act on.
+    error: str | None = None
+    # Machine reason for a terminal status (e.g. ``server_restart``, ``interrupt_timeout``).
+    reason: str | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_TURN_STATUSES
+
+
+@attrs.frozen
+class TurnItem:
+    id: str
+    thread_id: str
+    turn_id: str
+    # 1-based, dense per turn, assigned when the item is first recorded.
+    ordinal: int
+    kind: ItemKind
+    status: ItemStatus
+    title: str | None
+    text: str | None
+    data: JsonDict | None
+    updated_at: float
+
+
+@attrs.frozen
+class RuntimeRequest:
+    id: str
+    thread_id: str
+    turn_id: str
+    item_id: str
+    kind: str
+    status: RequestStatus
+    created_at: float
+    decision: Decision | None = None
+    message: str | None = None
+    resolved_at: float | None = None
+    # What the provider needs to answer it (e.g. the tool input to echo back).
+    data: JsonDict | None = None
+
+
+@attrs.frozen
+class ProviderSession:
+    id: str
+    thread_id: str
+    provider: str
+    status: SessionStatus
+    started_at: float
+    native_session_id: str | None = None
+    pid: int | None = None
+    exited_at: float | None = None
+    exit_code: int | None = None
+    stderr_tail: str | None = None
+
+
+Entity = Project | Thread | Turn | TurnItem | RuntimeRequest | ProviderSession

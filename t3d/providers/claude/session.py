@@ -1,0 +1,375 @@
+"""The Claude session driver: one long-lived CLI process per thread, on Trio.
+
+Theory of operation: `run_claude_session` consumes the thread's inbox of
+domain effects (start a turn, interrupt it, answer a prompt, stop). The
+process is started on the first turn (with ``--resume`` when the thread has a
+resumable native session) and kept for later turns. One reader task per
+process cuts stdout into lines, parses them (sans-IO core), maps them onto
+domain changes (`TurnMapper`) and commits them through the store, one at a
+time: while the writer is behind, the reader stops reading and the CLI
+blocks on its pipe (backpressure, no unbounded buffer).
+
+Rules:
+- Streaming text is coalesced: at most one `item.updated` per item per
+  `COALESCE_S`, plus the item's final state.
+- A stop always completes: an interrupt the CLI does not honour within the
+  interrupt timeout stops the process and the turn ends ``interrupted``.
+- A process that exits or crashes mid-turn ends the turn ``failed`` with the
+  stderr tail; the next turn starts a new process.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from t3d.domain import commands as c
+from t3d.domain import events as ev
+from t3d.domain.model import ProviderSession, TurnItem
+from t3d.errors import DomainError, ProtocolError, ProviderError, SpawnerError
+from t3d.providers.claude import events as ce
+from t3d.providers.claude import protocol as proto
+from t3d.providers.claude.adapter import (
+    Change,
+    ItemChanged,
+    PermissionAsked,
+    SessionSeen,
+    TurnEnded,
+    TurnMapper,
+)
+from t3d.spawn.process import Spawner, stop_process
+
+log = logging.getLogger("t3d.providers.claude")
+
+COALESCE_S = 0.05
+STDERR_TAIL = 8 * 1024
+READ_CHUNK = 64 * 1024
+
+
+@attrs.frozen
+class SessionSpec:
+    """Everything needed to start this thread's provider process."""
+
+    thread_id: str
+    provider: str
+    argv: tuple[str, ...]  # the binary (and interpreter), before the protocol flags
+    cwd: str
+    env: Mapping[str, str]
+    model: str | None
+    permission_mode: str | None
+    resume: str | None
+    interrupt_timeout: float
+
+
+class _Process:
+    def __init__(self, process: trio.Process, session_id: str) -> None:
+        self.process = process
+        self.session_id = session_id
+        self.stderr_tail: deque[bytes] = deque()
+        self.stderr_bytes = 0
+        self.cost_so_far = 0.0
+        self.forced_stop = False
+
+    def keep_stderr(self, chunk: bytes) -> None:
+        self.stderr_tail.append(chunk)
+        self.stderr_bytes += len(chunk)
+        while self.stderr_bytes - len(self.stderr_tail[0]) >= STDERR_TAIL:
+            self.stderr_bytes -= len(self.stderr_tail.popleft())
+
+    def stderr_text(self) -> str:
+        return b"".join(self.stderr_tail)[-STDERR_TAIL:].decode("utf-8", "replace").strip()
+
+
+class ClaudeSession:
+    def __init__(self, spec: SessionSpec, execute: Callable[[c.Command], Any], spawner: Spawner, clock: Callable[[], float]) -> None:
+        self.spec = spec
+        self._execute = execute
+        self._spawner = spawner
+        self._clock = clock
+        self._proc: _Process | None = None
+        self._turn: TurnMapper | None = None
+        self._requests: dict[str, dict[str, Any]] = {}
+        self._resume = spec.resume
+        self._native_seen: str | None = None
+        self._lock = trio.Lock()
+        self._pending: dict[str, TurnItem] = {}
+        self._last_flush: dict[str, float] = {}
+        self._dirty = trio.Event()
+        self._control_ids = 0
+
+    # --- the inbox ---------------------------------------------------------------------
+
+    async def run(self, inbox: trio.MemoryReceiveChannel[ev.Effect]) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._run_flusher)
+            try:
+                async for effect in inbox:
+                    if isinstance(effect, ev.StartProviderTurn):
+                        await self._start_turn(nursery, effect)
+                    elif isinstance(effect, ev.InterruptProviderTurn):
+                        await self._interrupt(nursery, effect)
+                    elif isinstance(effect, ev.AnswerProviderRequest):
+                        await self._answer(effect)
+                    elif isinstance(effect, ev.StopProviderSession):
+                        break
+            finally:
+                if self._proc is not None:
+                    await self._stop_current()
+                nursery.cancel_scope.cancel()
+
+    async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
+        if self._turn is not None:  # the domain runs one turn at a time; never overlap
+            log.warning("thread %s: turn %s started while %s runs", self.spec.thread_id, effect.turn_id, self._turn.turn_id)
+        self._turn = TurnMapper(self.spec.thread_id, effect.turn_id, self._clock)
+        try:
+            if self._proc is None:
+                self._proc = await self._start_process(nursery)
+            await self._send(proto.encode_user_message(effect.text, self._native_seen or ""))
+        except (SpawnerError, ProviderError) as exc:
+            await self._end_turn(TurnEnded("failed", f"{self.spec.provider}: {exc}", "provider_start_failed", None, None))
+            return
+        await self._commit(c.MarkTurnRunning(effect.turn_id))
+
+    async def _interrupt(self, nursery: trio.Nursery, effect: ev.InterruptProviderTurn) -> None:
+        turn = self._turn
+        if turn is None or turn.turn_id != effect.turn_id or self._proc is None:
+            return
+        turn.interrupt_requested = True
+        self._control_ids += 1
+        try:
+            await self._send(proto.encode_interrupt(f"t3d_interrupt_{self._control_ids}"))
+        except ProviderError:
+            pass  # the process is going away; its exit ends the turn
+        nursery.start_soon(self._escalate_interrupt, turn, self._proc)
+
+    async def _escalate_interrupt(self, turn: TurnMapper, proc: _Process) -> None:
+        await trio.sleep(self.spec.interrupt_timeout)
+        if self._turn is turn and self._proc is proc:
+            log.warning("thread %s: interrupt not honoured in %gs; stopping the provider", self.spec.thread_id, self.spec.interrupt_timeout)
+            proc.forced_stop = True
+            await stop_process(proc.process, grace=2.0)
+
+    async def _answer(self, effect: ev.AnswerProviderRequest) -> None:
+        data = self._requests.pop(effect.request_id, None)
+        if data is None or self._proc is None:
+            return
+        if effect.decision in ("allow", "allow_session"):
+            line = proto.encode_permission_allow(effect.request_id, data.get("input") or {})
+        else:
+            default = "Cancelled by the user." if effect.decision == "cancel" else "Denied by the user."
+            line = proto.encode_permission_deny(effect.request_id, effect.message or default)
+        try:
+            await self._send(line)
+        except ProviderError:
+            pass
+
+    # --- the process -------------------------------------------------------------------
+
+    def _argv(self) -> list[str]:
+        binary, *prefix_args = self.spec.argv
+        argv = proto.build_argv(binary, model=self.spec.model, permission_mode=self.spec.permission_mode, resume=self._resume)
+        return [argv[0], *prefix_args, *argv[1:]]
+
+    async def _start_process(self, nursery: trio.Nursery) -> _Process:
+        process = await self._spawner.spawn(self._argv(), cwd=self.spec.cwd, env=self.spec.env)
+        proc = _Process(process, uuid.uuid4().hex)
+        await self._record_session(proc, status="running")
+        nursery.start_soon(self._read_stderr, proc)
+        nursery.start_soon(self._read_stdout, proc)
+        return proc
+
+    async def _send(self, line: bytes) -> None:
+        assert self._proc is not None and self._proc.process.stdin is not None
+        try:
+            await self._proc.process.stdin.send_all(line)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ProviderError(f"{self.spec.provider} is not accepting input (its process has exited)") from exc
+
+    async def _read_stderr(self, proc: _Process) -> None:
+        assert proc.process.stderr is not None
+        async for chunk in proc.process.stderr:
+            proc.keep_stderr(chunk)
+
+    async def _read_stdout(self, proc: _Process) -> None:
+        assert proc.process.stdout is not None
+        lines = proto.LineBuffer()
+        try:
+            async for chunk in proc.process.stdout:
+                for line in lines.feed(chunk):
+                    await self._on_line(line)
+            final = lines.eof()
+            if final is not None:
+                await self._on_line(final)
+        except trio.ClosedResourceError:
+            pass
+        code = await proc.process.wait()
+        await self._on_exit(proc, code)
+
+    async def _stop_current(self) -> None:
+        proc = self._proc
+        assert proc is not None
+        with trio.CancelScope(shield=True):
+            if proc.process.stdin is not None:
+                await proc.process.stdin.aclose()
+            with trio.move_on_after(2.0):
+                await proc.process.wait()
+            await stop_process(proc.process, grace=3.0)
+
+    async def _on_exit(self, proc: _Process, code: int) -> None:
+        if self._proc is proc:
+            self._proc = None
+        stderr = proc.stderr_text()
+        await self._record_session(proc, status="exited", exit_code=code, stderr_tail=stderr or None)
+        turn = self._turn
+        if turn is None:
+            return
+        if proc.forced_stop:
+            ended = TurnEnded("interrupted", f"{self.spec.provider} did not stop within {self.spec.interrupt_timeout:g} s of the interrupt; its process was stopped", "interrupt_timeout", None, None)
+        elif turn.interrupt_requested:
+            ended = TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
+        else:
+            detail = stderr.splitlines()[-1] if stderr else (turn.last_error or "no output on stderr")
+            ended = TurnEnded("failed", f"{self.spec.provider} exited with status {code} before the turn finished: {detail}", "provider_exited", None, None)
+        await self._end_turn(ended)
+
+    async def _record_session(self, proc: _Process, *, status: str, exit_code: int | None = None, stderr_tail: str | None = None) -> None:
+        now = self._clock()
+        session = ProviderSession(
+            id=proc.session_id,
+            thread_id=self.spec.thread_id,
+            provider=self.spec.provider,
+            status=status,  # type: ignore[arg-type]
+            started_at=now,
+            native_session_id=self._resume,
+            pid=proc.process.pid,
+            exited_at=now if status == "exited" else None,
+            exit_code=exit_code,
+            stderr_tail=stderr_tail,
+        )
+        await self._commit(c.RecordSession(session))
+
+    # --- lines → domain ------------------------------------------------------------------
+
+    async def _on_line(self, line: bytes | proto.LineTooLong) -> None:
+        if isinstance(line, proto.LineTooLong):
+            log.warning("thread %s: %s", self.spec.thread_id, line)
+            return
+        try:
+            event = proto.parse_line(line)
+        except ProtocolError as exc:
+            log.warning("thread %s: ignored a provider line: %s", self.spec.thread_id, exc)
+            return
+        if isinstance(event, ce.ControlRequested):  # a request we do not serve: answer so it never hangs
+            await self._send_quietly(proto.encode_control_error(event.request_id, f"t3d does not support {event.subtype!r}"))
+            return
+        if self._turn is None:
+            return
+        for change in self._turn.feed(event):
+            await self._apply(change)
+
+    async def _send_quietly(self, line: bytes) -> None:
+        try:
+            await self._send(line)
+        except ProviderError:
+            pass
+
+    async def _apply(self, change: Change) -> None:
+        turn = self._turn
+        assert turn is not None
+        if isinstance(change, ItemChanged):
+            if change.final:
+                self._pending.pop(change.item.id, None)
+                await self._commit(c.RecordItems(turn.turn_id, (change.item,)))
+            else:
+                await self._stream(change.item)
+        elif isinstance(change, PermissionAsked):
+            self._requests[change.request_id] = change.data
+            await self._commit(c.OpenRequest(turn.turn_id, change.request_id, "permission", change.item, change.data))
+        elif isinstance(change, SessionSeen):
+            self._native_seen = change.native_session_id
+        elif isinstance(change, TurnEnded):
+            await self._end_turn(change)
+
+    async def _end_turn(self, ended: TurnEnded) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        proc = self._proc
+        cost = None
+        if ended.total_cost_usd is not None and proc is not None:  # the CLI reports a running total
+            cost = max(0.0, ended.total_cost_usd - proc.cost_so_far)
+            proc.cost_so_far = ended.total_cost_usd
+        if ended.status in ("completed", "interrupted") and self._native_seen:
+            self._resume = self._native_seen  # only a session that answered is worth resuming
+        closing = tuple(
+            attrs.evolve(i, status="completed" if i.status == "streaming" else "failed", updated_at=self._clock())
+            for i in turn.open_items()
+            if i.kind != "approval_request"
+        )
+        for item in closing:
+            self._pending.pop(item.id, None)
+        if closing:
+            await self._commit(c.RecordItems(turn.turn_id, closing))
+        await self._commit(c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, cost))
+        self._turn = None
+        self._requests.clear()
+        self._last_flush.clear()
+
+    # --- coalescing and commits -------------------------------------------------------------
+
+    async def _stream(self, item: TurnItem) -> None:
+        self._pending[item.id] = item
+        if trio.current_time() - self._last_flush.get(item.id, -math.inf) >= COALESCE_S:
+            async with self._lock:
+                await self._flush_locked()
+        else:
+            self._dirty.set()
+
+    async def _run_flusher(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty = trio.Event()
+            await trio.sleep(COALESCE_S)
+            async with self._lock:
+                await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
+        if not self._pending or self._turn is None:
+            self._pending.clear()
+            return
+        items = tuple(self._pending.values())
+        self._pending.clear()
+        now = trio.current_time()
+        for item in items:
+            self._last_flush[item.id] = now
+        await self._execute_quietly(c.RecordItems(self._turn.turn_id, items))
+
+    async def _commit(self, command: c.Command) -> None:
+        async with self._lock:
+            await self._flush_locked()
+            await self._execute_quietly(command)
+
+    async def _execute_quietly(self, command: c.Command) -> None:
+        """Commit; a domain rejection (e.g. the thread was deleted meanwhile) is logged, not fatal."""
+        try:
+            await self._execute(command)
+        except DomainError as exc:
+            log.info("thread %s: %s not recorded: %s", self.spec.thread_id, type(command).__name__, exc)
+
+
+async def run_claude_session(
+    spec: SessionSpec,
+    inbox: trio.MemoryReceiveChannel[ev.Effect],
+    execute: Callable[[c.Command], Any],
+    spawner: Spawner,
+    clock: Callable[[], float],
+) -> None:
+    await ClaudeSession(spec, execute, spawner, clock).run(inbox)
+

@@ -1,0 +1,149 @@
+"""`open_sessions`: one task per live provider session, under one supervisor.
+
+Effects for a thread go to that thread's session inbox (bounded; the effects
+worker waits when an inbox is full). A session is created on the thread's
+first effect that needs one and ends when it is told to stop or its thread
+goes away. A session that fails unexpectedly is logged with its traceback,
+its running turn is failed with the reason, and the other sessions go on:
+one broken agent never takes the daemon down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+import replay_fixtures
+from t3d.config import Settings
+from t3d.domain import commands as c
+from t3d.domain import events as ev
+from t3d.errors import DomainError
+from t3d.providers.claude.session import SessionSpec, run_claude_session
+from t3d.spawn.process import Spawner
+from t3d.store.store import Store
+
+log = logging.getLogger("t3d.sessions")
+
+INBOX_SIZE = 64
+
+PERMISSION_MODES = {
+    "approval-required": "default",
+    "auto-accept-edits": "acceptEdits",
+    "full-access": "bypassPermissions",
+}
+
+
+@attrs.define
+class _Live:
+    inbox: trio.MemorySendChannel[ev.Effect]
+    turn_id: str | None = None
+
+
+class Sessions:
+    def __init__(self, nursery: trio.Nursery, store: Store, spawner: Spawner, settings: Settings, clock: Callable[[], float]) -> None:
+        self._nursery = nursery
+        self._store = store
+        self._spawner = spawner
+        self._settings = settings
+        self._clock = clock
+        self._live: dict[str, _Live] = {}
+
+    @property
+    def count(self) -> int:
+        return len(self._live)
+
+    async def dispatch(self, effect: ev.Effect) -> None:
+        live = self._live.get(effect.thread_id)
+        if live is None:
+            if not isinstance(effect, ev.StartProviderTurn):
+                return  # nothing runs for this thread: nothing to interrupt, answer or stop
+            live = await self._open(effect)
+            if live is None:
+                return
+        if isinstance(effect, ev.StartProviderTurn):
+            live.turn_id = effect.turn_id
+        await live.inbox.send(effect)
+        if isinstance(effect, ev.StopProviderSession):
+            await live.inbox.aclose()
+            del self._live[effect.thread_id]
+
+    async def _open(self, effect: ev.StartProviderTurn) -> _Live | None:
+        context = await self._store.thread_context(effect.thread_id)
+        if context is None:
+            return None
+        thread, project, resume = context
+        cwd = thread.get("worktree_path") or project["path"]
+        if not os.path.isdir(cwd):
+            await self._fail_turn(effect.turn_id, f"the project directory {cwd} does not exist; recreate it or create the project again with an existing path", "bad_cwd")
+            return None
+        spec = self._spec(thread, cwd, resume)
+        send, receive = trio.open_memory_channel[ev.Effect](INBOX_SIZE)
+        live = _Live(send)
+        self._live[effect.thread_id] = live
+        self._nursery.start_soon(self._supervise, spec, receive, live)
+        return live
+
+    def _spec(self, thread: dict[str, Any], cwd: str, resume: str | None) -> SessionSpec:
+        env = dict(os.environ)
+        provider = thread["provider"]
+        if provider == "replay":
+            argv: tuple[str, ...] = (sys.executable, str(replay_fixtures.FAKE_CLAUDE))
+            env["T3D_REPLAY_FIXTURE"] = str(self._settings.replay_fixture or replay_fixtures.DEFAULT_FIXTURE)
+            env["T3D_REPLAY_SPEED"] = repr(self._settings.replay_speed)
+            env["T3D_REPLAY_LOOP"] = "1"
+        else:
+            argv = (self._settings.claude_bin,)
+        return SessionSpec(
+            thread_id=thread["id"],
+            provider=provider,
+            argv=argv,
+            cwd=cwd,
+            env=env,
+            model=thread.get("model"),
+            permission_mode=PERMISSION_MODES.get(thread.get("runtime_mode") or "", "default"),
+            resume=resume,
+            interrupt_timeout=self._settings.interrupt_timeout,
+        )
+
+    async def _supervise(self, spec: SessionSpec, inbox: trio.MemoryReceiveChannel[ev.Effect], live: _Live) -> None:
+        try:
+            await run_claude_session(spec, inbox, self._store.execute, self._spawner, self._clock)
+        except Exception as exc:  # the supervision boundary of one session
+            log.error("thread %s: provider session failed", spec.thread_id, exc_info=exc)
+            if live.turn_id is not None:
+                await self._fail_turn(live.turn_id, f"internal error in the {spec.provider} session: {exc!r}; start a new turn to retry", "session_crashed")
+        finally:
+            if self._live.get(spec.thread_id) is live:
+                del self._live[spec.thread_id]
+
+    async def _fail_turn(self, turn_id: str, error: str, reason: str) -> None:
+        try:
+            await self._store.execute(c.FinishTurn(turn_id, "failed", error, reason))
+        except DomainError:
+            pass
+
+    async def stop_all(self) -> None:
+        for thread_id in list(self._live):
+            live = self._live.pop(thread_id)
+            with trio.move_on_after(1):
+                await live.inbox.send(ev.StopProviderSession(thread_id))
+            await live.inbox.aclose()
+
+
+@asynccontextmanager
+async def open_sessions(store: Store, spawner: Spawner, settings: Settings, clock: Callable[[], float] = time.time) -> AsyncIterator[Sessions]:
+    async with trio.open_nursery() as nursery:
+        sessions = Sessions(nursery, store, spawner, settings, clock)
+        try:
+            yield sessions
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await sessions.stop_all()

@@ -1,0 +1,184 @@
+"""Read queries: a ``query(conn) -> raw rows`` and a ``decode(raw) -> value`` each.
+
+Queries run inside a read transaction on a reader thread and return bytes;
+decoding happens after the transaction ends. Every query uses an index (see
+schema.py); none counts or scans a whole table on a per-thread path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apsw
+import attrs
+import orjson
+
+from t3d.store.commit import SHELL_SQL, shell_payload
+from t3d.store.schema import TERMINAL
+
+DEFAULT_TURN_LIMIT = 10
+MAX_TURN_LIMIT = 1000
+
+
+def _sequence(conn: apsw.Connection) -> int:
+    for (seq,) in conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'"):
+        return int(seq)
+    return 0
+
+
+def _bodies(conn: apsw.Connection, sql: str, args: tuple[Any, ...]) -> list[bytes]:
+    return [body for (body,) in conn.execute(sql, args)]
+
+
+def _loads(bodies: list[bytes]) -> list[Any]:
+    return [orjson.loads(b) for b in bodies]
+
+
+# --- thread snapshot -------------------------------------------------------------
+
+
+@attrs.frozen
+class SnapshotRaw:
+    sequence: int
+    thread: bytes | None
+    turns: list[bytes]
+    items: list[bytes]
+    requests: list[bytes]
+    has_more: bool
+
+
+def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type: ignore[no-untyped-def]
+    """The last ``turn_limit`` turns (before ordinal ``before``) plus every open turn."""
+
+    def query(conn: apsw.Connection) -> SnapshotRaw:
+        sequence = _sequence(conn)
+        thread = _bodies(conn, "SELECT body FROM threads WHERE id = ?", (thread_id,))
+        if not thread:
+            return SnapshotRaw(sequence, None, [], [], [], False)
+        bound = before if before is not None else 1 << 62
+        recent = list(
+            conn.execute(
+                "SELECT id, ordinal, body FROM turns WHERE thread_id = ? AND ordinal < ? "
+                "ORDER BY ordinal DESC LIMIT ?",
+                (thread_id, bound, turn_limit),
+            )
+        )
+        chosen = {turn_id: (ordinal, body) for turn_id, ordinal, body in recent}
+        for turn_id, ordinal, body in conn.execute(
+            f"SELECT id, ordinal, body FROM turns WHERE thread_id = ? AND status NOT IN {TERMINAL}",
+            (thread_id,),
+        ):
+            chosen[turn_id] = (ordinal, body)
+        ordered = sorted(chosen.items(), key=lambda kv: kv[1][0])
+        items: list[bytes] = []
+        for turn_id, _ in ordered:
+            items += _bodies(conn, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,))
+        requests = _bodies(
+            conn, "SELECT body FROM requests WHERE thread_id = ? AND status = 'pending'", (thread_id,)
+        )
+        lowest = min((o for _, (o, _) in ordered), default=1)
+        return SnapshotRaw(
+            sequence, thread[0], [b for _, (_, b) in ordered], items, requests, lowest > 1
+        )
+
+    return query
+
+
+def decode_snapshot(raw: SnapshotRaw) -> dict[str, Any] | None:
+    if raw.thread is None:
+        return None
+    turns = _loads(raw.turns)
+    return {
+        "sequence": raw.sequence,
+        "thread": orjson.loads(raw.thread),
+        "turns": turns,
+        "items": _loads(raw.items),
+        "requests": _loads(raw.requests),
+        "has_more": raw.has_more,
+        "before": turns[0]["ordinal"] if raw.has_more and turns else None,
+    }
+
+
+# --- shell -----------------------------------------------------------------------
+
+
+@attrs.frozen
+class ShellRaw:
+    sequence: int
+    projects: list[bytes]
+    threads: list[tuple[bytes, int, int]]
+
+
+def shell_query(conn: apsw.Connection) -> ShellRaw:
+    return ShellRaw(
+        _sequence(conn),
+        _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ()),
+        [(b, t, i) for b, t, i in conn.execute(SHELL_SQL + " ORDER BY t.rowid")],
+    )
+
+
+def decode_shell(raw: ShellRaw) -> dict[str, Any]:
+    return {
+        "sequence": raw.sequence,
+        "projects": _loads(raw.projects),
+        "threads": [orjson.loads(shell_payload(b, t, i)) for b, t, i in raw.threads],
+    }
+
+
+# --- requests, projects ------------------------------------------------------------
+
+
+def pending_requests_query(thread_id: str | None):  # type: ignore[no-untyped-def]
+    def query(conn: apsw.Connection) -> list[bytes]:
+        if thread_id is None:
+            return _bodies(conn, "SELECT body FROM requests WHERE status = 'pending' ORDER BY rowid", ())
+        return _bodies(
+            conn,
+            "SELECT body FROM requests WHERE thread_id = ? AND status = 'pending' ORDER BY rowid",
+            (thread_id,),
+        )
+
+    return query
+
+
+def projects_query(conn: apsw.Connection) -> list[bytes]:
+    return _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ())
+
+
+def decode_list(bodies: list[bytes]) -> list[Any]:
+    return _loads(bodies)
+
+
+def thread_query(thread_id: str):  # type: ignore[no-untyped-def]
+    def query(conn: apsw.Connection) -> list[bytes]:
+        return _bodies(conn, "SELECT body FROM threads WHERE id = ?", (thread_id,))
+
+    return query
+
+
+def thread_context_query(thread_id: str):  # type: ignore[no-untyped-def]
+    """The thread, its project, and the native session id to resume (if any)."""
+
+    def query(conn: apsw.Connection) -> tuple[bytes, bytes, str | None] | None:
+        for thread_body, project_body in conn.execute(
+            "SELECT t.body, p.body FROM threads t JOIN projects p ON p.id = t.project_id WHERE t.id = ?",
+            (thread_id,),
+        ):
+            resume = None
+            for (value,) in conn.execute(
+                "SELECT json_extract(body, '$.native_session_id') FROM sessions "
+                "WHERE thread_id = ? AND json_extract(body, '$.native_session_id') IS NOT NULL "
+                "ORDER BY rowid DESC LIMIT 1",
+                (thread_id,),
+            ):
+                resume = value
+            return thread_body, project_body, resume
+        return None
+
+    return query
+
+
+def decode_thread_context(raw: tuple[bytes, bytes, str | None] | None) -> tuple[Any, Any, str | None] | None:
+    if raw is None:
+        return None
+    return orjson.loads(raw[0]), orjson.loads(raw[1]), raw[2]

@@ -1,0 +1,158 @@
+"""Connection settings and the migration ladder (keyed on ``user_version``).
+
+Each projection table keeps a few indexed columns for queries and the entity's
+JSON in ``body`` (the same bytes as the event that wrote it). Thread shells
+read `thread_counts`, which triggers keep current, never ``COUNT(*)``.
+"""
+
+from __future__ import annotations
+
+import apsw
+
+# Each setting with its reason (apsw's bestpractice, DESIGN.md §4).
+WRITER_PRAGMAS = (
+    "PRAGMA journal_mode=WAL",  # readers never block the writer, nor it them
+    "PRAGMA synchronous=NORMAL",  # WAL + NORMAL: durable at checkpoints, never corrupt
+    "PRAGMA foreign_keys=ON",
+    "PRAGMA busy_timeout=5000",  # another process (ctl, a second daemon) may hold a lock briefly
+    "PRAGMA journal_size_limit=67108864",  # cap the WAL file left after checkpoints at 64 MiB
+)
+READER_PRAGMAS = (
+    "PRAGMA busy_timeout=5000",
+    "PRAGMA query_only=ON",  # a reader can never write, even by mistake
+)
+
+TERMINAL = "('completed','interrupted','failed','cancelled')"
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the initial schema
+    f"""
+    CREATE TABLE events (
+        sequence INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL,
+        thread_id TEXT,
+        entity_id TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE INDEX events_by_thread ON events(thread_id, sequence);
+
+    CREATE TABLE receipts (
+        command_id TEXT PRIMARY KEY,
+        ok INTEGER NOT NULL,
+        result BLOB NOT NULL,
+        created_at REAL NOT NULL
+    );
+
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        thread_id TEXT,
+        kind TEXT NOT NULL,
+        payload BLOB NOT NULL,
+        created_at REAL NOT NULL,
+        done_at REAL
+    );
+    CREATE INDEX outbox_pending ON outbox(id) WHERE done_at IS NULL;
+
+    CREATE TABLE projects (
+        id TEXT PRIMARY KEY,
+        path TEXT NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE INDEX projects_by_path ON projects(path);
+
+    CREATE TABLE threads (
+        id TEXT PRIMARY KEY,
+        project_id TEXT NOT NULL,
+        body BLOB NOT NULL
+    );
+
+    CREATE TABLE turns (
+        id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        ordinal INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE UNIQUE INDEX turns_by_thread ON turns(thread_id, ordinal);
+    CREATE INDEX turns_open ON turns(thread_id, ordinal) WHERE status NOT IN {TERMINAL};
+
+    CREATE TABLE items (
+        id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        turn_id TEXT NOT NULL,
+        ordinal INTEGER NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE INDEX items_by_turn ON items(turn_id, ordinal);
+    CREATE INDEX items_by_thread ON items(thread_id);
+
+    CREATE TABLE requests (
+        id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        turn_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE INDEX requests_by_turn ON requests(turn_id);
+    CREATE INDEX requests_pending ON requests(thread_id) WHERE status = 'pending';
+
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE INDEX sessions_by_thread ON sessions(thread_id);
+    CREATE INDEX sessions_live ON sessions(id) WHERE status != 'exited';
+
+    CREATE TABLE thread_counts (
+        thread_id TEXT PRIMARY KEY,
+        turns INTEGER NOT NULL DEFAULT 0,
+        items INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE turn_counts (
+        turn_id TEXT PRIMARY KEY,
+        items INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TRIGGER count_turn_added AFTER INSERT ON turns BEGIN
+        INSERT INTO thread_counts(thread_id, turns) VALUES (new.thread_id, 1)
+        ON CONFLICT(thread_id) DO UPDATE SET turns = turns + 1;
+    END;
+    CREATE TRIGGER count_turn_removed AFTER DELETE ON turns BEGIN
+        UPDATE thread_counts SET turns = turns - 1 WHERE thread_id = old.thread_id;
+        DELETE FROM turn_counts WHERE turn_id = old.id;
+    END;
+    CREATE TRIGGER count_item_added AFTER INSERT ON items BEGIN
+        INSERT INTO thread_counts(thread_id, items) VALUES (new.thread_id, 1)
+        ON CONFLICT(thread_id) DO UPDATE SET items = items + 1;
+        INSERT INTO turn_counts(turn_id, items) VALUES (new.turn_id, 1)
+        ON CONFLICT(turn_id) DO UPDATE SET items = items + 1;
+    END;
+    CREATE TRIGGER count_item_removed AFTER DELETE ON items BEGIN
+        UPDATE thread_counts SET items = items - 1 WHERE thread_id = old.thread_id;
+        UPDATE turn_counts SET items = items - 1 WHERE turn_id = old.turn_id;
+    END;
+    """,
+)
+
+
+def migrate(conn: apsw.Connection) -> int:
+    """Bring the schema up to date; return the resulting version.
+
+    A database newer than this build is refused rather than guessed at.
+    """
+    version = conn.execute("PRAGMA user_version").get
+    assert isinstance(version, int)
+    if version > len(MIGRATIONS):
+        from t3d.errors import StoreError
+
+        raise StoreError(
+            f"the database schema is version {version}, newer than this t3d supports "
+            f"({len(MIGRATIONS)}); upgrade t3d or point --state-dir at another directory"
+        )
+    for target in range(version + 1, len(MIGRATIONS) + 1):
+        with conn:
+            conn.execute(MIGRATIONS[target - 1])
+            conn.execute(f"PRAGMA user_version={target}")
+    return len(MIGRATIONS)

@@ -1,0 +1,155 @@
+"""`open_store`: the database as the rest of the daemon sees it.
+
+The loop talks to SQLite only through this object: commands go to the writer
+thread (one transaction each), reads go to the reader pool. Committed batches
+are handed to the ``on_commit`` listeners on the loop, after COMMIT and in
+sequence order, before the command's caller wakes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+import attrs
+import orjson
+
+from t3d.domain import commands as c
+from t3d.domain.codec import converter
+from t3d.domain import events as ev
+from t3d.store import queries as q
+from t3d.store.commit import Committed, execute, mark_effects_done
+from t3d.store.readers import ReaderPool
+from t3d.store.schema import WRITER_PRAGMAS, migrate
+from t3d.store.writer import WriterThread
+
+log = logging.getLogger("t3d.store")
+
+WRITER_QUEUE = 256
+
+EFFECT_TYPES: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        ev.StartProviderTurn,
+        ev.InterruptProviderTurn,
+        ev.AnswerProviderRequest,
+        ev.StopProviderSession,
+    )
+}
+
+
+@attrs.frozen
+class StoreStatistics:
+    writer_queue: int
+    writer_jobs_done: int
+    readers: int
+    readers_busy: int
+
+
+def _connect_writer(path: str) -> apsw.Connection:
+    conn = apsw.Connection(path)
+    for pragma in WRITER_PRAGMAS:
+        conn.execute(pragma)
+    migrate(conn)
+    return conn
+
+
+def _supersede_outbox(conn: apsw.Connection, now: float) -> None:
+    """Effects left from the last run are superseded by recovery's own decisions."""
+    with conn:
+        conn.execute("UPDATE outbox SET done_at = ? WHERE done_at IS NULL", (now,))
+
+
+class Store:
+    def __init__(self, path: Path, writer: WriterThread, readers: ReaderPool, clock: Callable[[], float]) -> None:
+        self.path = path
+        self._writer = writer
+        self._readers = readers
+        self._clock = clock
+        self._listeners: list[Callable[[Committed], None]] = []
+
+    def on_commit(self, listener: Callable[[Committed], None]) -> None:
+        self._listeners.append(listener)
+
+    def _publish(self, committed: Committed) -> None:
+        if committed.replayed:
+            return
+        for listener in self._listeners:
+            listener(committed)
+
+    async def execute(self, command: c.Command, *, command_id: str | None = None) -> Committed:
+        """Decide and commit ``command``; raises `DomainError` if it is rejected."""
+        now = self._clock()
+        return await self._writer.run(lambda conn: execute(conn, command, command_id, now), self._publish)
+
+    async def mark_effects_done(self, ids: list[int]) -> None:
+        now = self._clock()
+        await self._writer.run(lambda conn: mark_effects_done(conn, ids, now))
+
+    async def pending_effects(self) -> list[tuple[int, ev.Effect]]:
+        def query(conn: apsw.Connection) -> list[tuple[int, str, bytes]]:
+            return list(conn.execute("SELECT id, kind, payload FROM outbox WHERE done_at IS NULL ORDER BY id"))
+
+        def decode(rows: list[tuple[int, str, bytes]]) -> list[tuple[int, ev.Effect]]:
+            return [(i, converter.structure(orjson.loads(p), EFFECT_TYPES[k])) for i, k, p in rows]
+
+        return await self._readers.read(query, decode)
+
+    async def snapshot(self, thread_id: str, turn_limit: int = q.DEFAULT_TURN_LIMIT, before: int | None = None) -> dict[str, Any] | None:
+        return await self._readers.read(q.snapshot_query(thread_id, turn_limit, before), q.decode_snapshot)
+
+    async def shell(self) -> dict[str, Any]:
+        return await self._readers.read(q.shell_query, q.decode_shell)
+
+    async def pending_requests(self, thread_id: str | None = None) -> list[Any]:
+        return await self._readers.read(q.pending_requests_query(thread_id), q.decode_list)
+
+    async def projects(self) -> list[Any]:
+        return await self._readers.read(q.projects_query, q.decode_list)
+
+    async def thread(self, thread_id: str) -> dict[str, Any] | None:
+        rows = await self._readers.read(q.thread_query(thread_id), q.decode_list)
+        return rows[0] if rows else None
+
+    async def thread_context(self, thread_id: str) -> tuple[Any, Any, str | None] | None:
+        return await self._readers.read(q.thread_context_query(thread_id), q.decode_thread_context)
+
+    def statistics(self) -> StoreStatistics:
+        return StoreStatistics(
+            writer_queue=self._writer.queued,
+            writer_jobs_done=self._writer.jobs_done,
+            readers=self._readers.size,
+            readers_busy=self._readers.busy,
+        )
+
+
+@asynccontextmanager
+async def open_store(
+    path: Path,
+    *,
+    readers: int = 4,
+    on_writer_lost: Callable[[BaseException | None], None],
+    clock: Callable[[], float] = time.time,
+) -> AsyncIterator[Store]:
+    """Open (creating and migrating) the database, then run restart recovery."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    writer = WriterThread(lambda: _connect_writer(os.fspath(path)), capacity=WRITER_QUEUE, on_lost=on_writer_lost)
+    await writer.start()
+    pool = ReaderPool(os.fspath(path), readers)
+    store = Store(path, writer, pool, clock)
+    try:
+        now = clock()
+        await writer.run(lambda conn: _supersede_outbox(conn, now))
+        recovered = await store.execute(c.RecoverAfterRestart())
+        if recovered.events:
+            log.info("restart recovery: %d turn(s) closed, %d event(s)", recovered.result["threads"], len(recovered.events))
+        yield store
+    finally:
+        await writer.close()
+        pool.close()
