@@ -275,14 +275,15 @@ def _respond_to_request(d: _Draft, cmd: c.RespondToRequest, now: float) -> Decis
 
 
 def _open_turn(d: _Draft, turn_id: str) -> Turn:
+    """The turn a provider reports on: it must be the thread's active turn."""
     turn = d.turn(turn_id)
-    _require(not turn.terminal, "conflict", f"turn {turn_id!r} is already {turn.status}")
+    _require(turn.status in ACTIVE_TURN_STATUSES, "conflict", f"turn {turn_id!r} is {turn.status}, not active")
     return turn
 
 
 def _mark_turn_running(d: _Draft, cmd: c.MarkTurnRunning, now: float) -> Decision:
     turn = _open_turn(d, cmd.turn_id)
-    if turn.status in ("queued", "starting"):
+    if turn.status == "starting":
         d.put(attrs.evolve(turn, status="running", queue_reason=None, started_at=now))
         d.refresh_thread_status(turn.thread_id)
     return d.decision(turn_id=turn.id)
