@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 import tempfile
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import apsw

@@ -109,7 +109,7 @@ class Params:
             if required:
                 self._problems.append(f"{name} is required ({label})")
             return None
-        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             self._problems.append(f"{name} must be {label}, not {type(value).__name__}")
             return None
         return value

@@ -21,8 +21,8 @@ import attrs
 import orjson
 
 from t3d.domain import commands as c
-from t3d.domain.codec import converter
 from t3d.domain import events as ev
+from t3d.domain.codec import converter
 from t3d.store import queries as q
 from t3d.store.commit import Committed, execute, mark_effects_done
 from t3d.store.readers import ReaderPool

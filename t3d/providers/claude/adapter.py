@@ -116,7 +116,13 @@ class TurnMapper:
                 "tool_call",
                 status="running",
                 title=e.tool_name,
-                data={"tool_use_id": e.tool_use_id, "name": e.tool_name, "input": {}, "result": None, "is_error": False},
+                data={
+                    "tool_use_id": e.tool_use_id,
+                    "name": e.tool_name,
+                    "input": {},
+                    "result": None,
+                    "is_error": False,
+                },
             )
             return [ItemChanged(item, final=False)]
         if e.kind in ("text", "thinking"):
@@ -148,15 +154,29 @@ class TurnMapper:
                 kind: ItemKind = "error" if e.synthetic and e.error else "assistant_message"
                 status: ItemStatus = "failed" if kind == "error" else "completed"
                 key = f"{e.message_id}:{index}"
-                changes.append(ItemChanged(self._item(key, kind, status=status, text=block.text), final=True))
+                changes.append(
+                    ItemChanged(self._item(key, kind, status=status, text=block.text), final=True)
+                )
                 if kind == "error":
                     self.last_error = block.text
             elif isinstance(block, ce.ThinkingBlock):
                 key = f"{e.message_id}:{index}"
-                changes.append(ItemChanged(self._item(key, "reasoning", status="completed", text=block.text), final=True))
+                changes.append(
+                    ItemChanged(
+                        self._item(key, "reasoning", status="completed", text=block.text),
+                        final=True,
+                    )
+                )
             elif isinstance(block, ce.ToolUseBlock):
-                data = dict(self._tool_data(block.tool_use_id), tool_use_id=block.tool_use_id, name=block.name, input=block.input)
-                item = self._item(block.tool_use_id, "tool_call", status="running", title=block.name, data=data)
+                data = dict(
+                    self._tool_data(block.tool_use_id),
+                    tool_use_id=block.tool_use_id,
+                    name=block.name,
+                    input=block.input,
+                )
+                item = self._item(
+                    block.tool_use_id, "tool_call", status="running", title=block.name, data=data
+                )
                 changes.append(ItemChanged(item, final=True))
         return changes
 
@@ -164,14 +184,24 @@ class TurnMapper:
         current = self._items.get(f"{self.turn_id}:{tool_use_id}")
         if current is not None and current.data is not None:
             return dict(current.data)
-        return {"tool_use_id": tool_use_id, "name": None, "input": {}, "result": None, "is_error": False}
+        return {
+            "tool_use_id": tool_use_id,
+            "name": None,
+            "input": {},
+            "result": None,
+            "is_error": False,
+        }
 
     def _on_UserMessage(self, e: ce.UserMessage) -> list[Change]:
         changes: list[Change] = []
         for result in e.tool_results:
             data = self._tool_data(result.tool_use_id)
             text = result.content_text
-            data.update(result=text[:RESULT_PREVIEW], result_truncated=len(text) > RESULT_PREVIEW, is_error=result.is_error)
+            data.update(
+                result=text[:RESULT_PREVIEW],
+                result_truncated=len(text) > RESULT_PREVIEW,
+                is_error=result.is_error,
+            )
             status: ItemStatus = "failed" if result.is_error else "completed"
             item = self._item(result.tool_use_id, "tool_call", status=status, data=data)
             changes.append(ItemChanged(item, final=True))
@@ -195,7 +225,11 @@ class TurnMapper:
             self.interrupt_requested and e.subtype == "error_during_execution"
         )
         if interrupted:
-            return [TurnEnded("interrupted", "interrupted by the user", "interrupt", usage, e.total_cost_usd)]
+            return [
+                TurnEnded(
+                    "interrupted", "interrupted by the user", "interrupt", usage, e.total_cost_usd
+                )
+            ]
         if e.is_error or e.subtype != "success":
             error = final_error_text(e) or self.last_error or e.subtype
             return [TurnEnded("failed", error, e.subtype, usage, e.total_cost_usd)]

@@ -88,7 +88,13 @@ class _Process:
 
 
 class ClaudeSession:
-    def __init__(self, spec: SessionSpec, execute: Callable[[c.Command], Any], spawner: Spawner, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        spec: SessionSpec,
+        execute: Callable[[c.Command], Any],
+        spawner: Spawner,
+        clock: Callable[[], float],
+    ) -> None:
         self.spec = spec
         self._execute = execute
         self._spawner = spawner
@@ -126,14 +132,23 @@ class ClaudeSession:
 
     async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
         if self._turn is not None:  # the domain runs one turn at a time; never overlap
-            log.warning("thread %s: turn %s started while %s runs", self.spec.thread_id, effect.turn_id, self._turn.turn_id)
+            log.warning(
+                "thread %s: turn %s started while %s runs",
+                self.spec.thread_id,
+                effect.turn_id,
+                self._turn.turn_id,
+            )
         self._turn = TurnMapper(self.spec.thread_id, effect.turn_id, self._clock)
         try:
             if self._proc is None:
                 self._proc = await self._start_process(nursery)
             await self._send(proto.encode_user_message(effect.text, self._native_seen or ""))
         except (SpawnerError, ProviderError) as exc:
-            await self._end_turn(TurnEnded("failed", f"{self.spec.provider}: {exc}", "provider_start_failed", None, None))
+            await self._end_turn(
+                TurnEnded(
+                    "failed", f"{self.spec.provider}: {exc}", "provider_start_failed", None, None
+                )
+            )
             return
         await self._commit(c.MarkTurnRunning(effect.turn_id))
 
@@ -152,7 +167,11 @@ class ClaudeSession:
     async def _escalate_interrupt(self, turn: TurnMapper, proc: _Process) -> None:
         await trio.sleep(self.spec.interrupt_timeout)
         if self._turn is turn and self._proc is proc:
-            log.warning("thread %s: interrupt not honoured in %gs; stopping the provider", self.spec.thread_id, self.spec.interrupt_timeout)
+            log.warning(
+                "thread %s: interrupt not honoured in %gs; stopping the provider",
+                self.spec.thread_id,
+                self.spec.interrupt_timeout,
+            )
             proc.forced_stop = True
             await stop_process(proc.process, grace=2.0)
 
@@ -163,7 +182,9 @@ class ClaudeSession:
         if effect.decision in ("allow", "allow_session"):
             line = proto.encode_permission_allow(effect.request_id, data.get("input") or {})
         else:
-            default = "Cancelled by the user." if effect.decision == "cancel" else "Denied by the user."
+            default = (
+                "Cancelled by the user." if effect.decision == "cancel" else "Denied by the user."
+            )
             line = proto.encode_permission_deny(effect.request_id, effect.message or default)
         try:
             await self._send(line)
@@ -174,7 +195,12 @@ class ClaudeSession:
 
     def _argv(self) -> list[str]:
         binary, *prefix_args = self.spec.argv
-        argv = proto.build_argv(binary, model=self.spec.model, permission_mode=self.spec.permission_mode, resume=self._resume)
+        argv = proto.build_argv(
+            binary,
+            model=self.spec.model,
+            permission_mode=self.spec.permission_mode,
+            resume=self._resume,
+        )
         return [argv[0], *prefix_args, *argv[1:]]
 
     async def _start_process(self, nursery: trio.Nursery) -> _Process:
@@ -190,7 +216,9 @@ class ClaudeSession:
         try:
             await self._proc.process.stdin.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise ProviderError(f"{self.spec.provider} is not accepting input (its process has exited)") from exc
+            raise ProviderError(
+                f"{self.spec.provider} is not accepting input (its process has exited)"
+            ) from exc
 
     async def _read_stderr(self, proc: _Process) -> None:
         assert proc.process.stderr is not None
@@ -226,20 +254,43 @@ class ClaudeSession:
         if self._proc is proc:
             self._proc = None
         stderr = proc.stderr_text()
-        await self._record_session(proc, status="exited", exit_code=code, stderr_tail=stderr or None)
+        await self._record_session(
+            proc, status="exited", exit_code=code, stderr_tail=stderr or None
+        )
         turn = self._turn
         if turn is None:
             return
         if proc.forced_stop:
-            ended = TurnEnded("interrupted", f"{self.spec.provider} did not stop within {self.spec.interrupt_timeout:g} s of the interrupt; its process was stopped", "interrupt_timeout", None, None)
+            ended = TurnEnded(
+                "interrupted",
+                f"{self.spec.provider} did not stop within {self.spec.interrupt_timeout:g} s of the interrupt; its process was stopped",
+                "interrupt_timeout",
+                None,
+                None,
+            )
         elif turn.interrupt_requested:
             ended = TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
         else:
-            detail = stderr.splitlines()[-1] if stderr else (turn.last_error or "no output on stderr")
-            ended = TurnEnded("failed", f"{self.spec.provider} exited with status {code} before the turn finished: {detail}", "provider_exited", None, None)
+            detail = (
+                stderr.splitlines()[-1] if stderr else (turn.last_error or "no output on stderr")
+            )
+            ended = TurnEnded(
+                "failed",
+                f"{self.spec.provider} exited with status {code} before the turn finished: {detail}",
+                "provider_exited",
+                None,
+                None,
+            )
         await self._end_turn(ended)
 
-    async def _record_session(self, proc: _Process, *, status: str, exit_code: int | None = None, stderr_tail: str | None = None) -> None:
+    async def _record_session(
+        self,
+        proc: _Process,
+        *,
+        status: str,
+        exit_code: int | None = None,
+        stderr_tail: str | None = None,
+    ) -> None:
         now = self._clock()
         session = ProviderSession(
             id=proc.session_id,
@@ -266,8 +317,14 @@ class ClaudeSession:
         except ProtocolError as exc:
             log.warning("thread %s: ignored a provider line: %s", self.spec.thread_id, exc)
             return
-        if isinstance(event, ce.ControlRequested):  # a request we do not serve: answer so it never hangs
-            await self._send_quietly(proto.encode_control_error(event.request_id, f"t3d does not support {event.subtype!r}"))
+        if isinstance(
+            event, ce.ControlRequested
+        ):  # a request we do not serve: answer so it never hangs
+            await self._send_quietly(
+                proto.encode_control_error(
+                    event.request_id, f"t3d does not support {event.subtype!r}"
+                )
+            )
             return
         if self._turn is None:
             return
@@ -291,7 +348,11 @@ class ClaudeSession:
                 await self._stream(change.item)
         elif isinstance(change, PermissionAsked):
             self._requests[change.request_id] = change.data
-            await self._commit(c.OpenRequest(turn.turn_id, change.request_id, "permission", change.item, change.data))
+            await self._commit(
+                c.OpenRequest(
+                    turn.turn_id, change.request_id, "permission", change.item, change.data
+                )
+            )
         elif isinstance(change, SessionSeen):
             self._native_seen = change.native_session_id
         elif isinstance(change, TurnEnded):
@@ -309,7 +370,11 @@ class ClaudeSession:
         if ended.status in ("completed", "interrupted") and self._native_seen:
             self._resume = self._native_seen  # only a session that answered is worth resuming
         closing = tuple(
-            attrs.evolve(i, status="completed" if i.status == "streaming" else "failed", updated_at=self._clock())
+            attrs.evolve(
+                i,
+                status="completed" if i.status == "streaming" else "failed",
+                updated_at=self._clock(),
+            )
             for i in turn.open_items()
             if i.kind != "approval_request"
         )
@@ -317,7 +382,9 @@ class ClaudeSession:
             self._pending.pop(item.id, None)
         if closing:
             await self._commit(c.RecordItems(turn.turn_id, closing))
-        await self._commit(c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, cost))
+        await self._commit(
+            c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, cost)
+        )
         self._turn = None
         self._requests.clear()
         self._last_flush.clear()
@@ -361,7 +428,9 @@ class ClaudeSession:
         try:
             await self._execute(command)
         except DomainError as exc:
-            log.info("thread %s: %s not recorded: %s", self.spec.thread_id, type(command).__name__, exc)
+            log.info(
+                "thread %s: %s not recorded: %s", self.spec.thread_id, type(command).__name__, exc
+            )
 
 
 async def run_claude_session(
@@ -372,4 +441,3 @@ async def run_claude_session(
     clock: Callable[[], float],
 ) -> None:
     await ClaudeSession(spec, execute, spawner, clock).run(inbox)
-

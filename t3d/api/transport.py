@@ -1,0 +1,645 @@
+"""One TCP port that speaks HTTP/1.1 and WebSocket to local clients.
+
+Theory of operation: one accept loop per listening socket gives every
+connection its own task and nursery. The task parses HTTP/1.1 with h11 and
+hands each complete request to the :class:`App`. A GET that asks to upgrade
+to WebSocket goes, with every byte already read for it, to trio-websocket,
+and the App then owns the conversation. When a connection ends, its nursery
+is cancelled: no task, buffer or body started for it outlives it.
+
+Rules:
+- Every wait on a peer has a deadline and every buffer a bound
+  (:class:`TransportLimits`); at a bound the peer gets a JSON error, where
+  HTTP still allows one, and the connection closes.
+- A connection is a supervision boundary. Whatever goes wrong inside it ends
+  that connection alone; the server and the other connections carry on.
+- An App that raises while answering HTTP gets its client a 500, and the
+  connection stays usable.
+- An HTTP client that hangs up while its request is being answered, or a
+  WebSocket client whose stream ends, has its handler cancelled at once.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import attrs
+import h11
+import orjson
+import trio
+import trio_websocket
+
+from t3d.errors import T3dError
+
+logger = logging.getLogger("t3d.api")
+
+_RECEIVE_CHUNK = 64 * 1024
+# After a connection's last response, how long we drain what the peer still
+# sends, so that it reads the response rather than a reset.
+_LINGER_S = 1.0
+# A 503 for a connection over the limit is written inline by the accept loop,
+# so it must never wait long.
+_REFUSAL_SEND_S = 0.5
+# Accept errors that mean "out of descriptors or memory for now": wait, retry.
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+_ACCEPT_RETRY_S = 0.1
+# wsproto parses the replayed upgrade request with h11's default head limit.
+_WSPROTO_MAX_HEAD_BYTES = 16 * 1024
+# Ends of a connection that are the peer's doing (or a deadline), not a bug.
+_PEER_ENDINGS = (
+    trio.BrokenResourceError,
+    trio.ClosedResourceError,
+    trio.TooSlowError,
+    trio_websocket.ConnectionClosed,
+)
+
+
+@attrs.frozen
+class TransportLimits:
+    """The bounds every connection lives within, each with its policy at the bound."""
+
+    max_header_bytes: int = 64 * 1024  # request line + headers; over it: 431, close
+    max_body_bytes: int = 8 * 1024 * 1024  # request body; over it: 413, close
+    header_timeout_s: float = 10.0  # a new connection's request head, any head once begun,
+    # and a WebSocket handshake must complete within this; else close
+    idle_timeout_s: float = 60.0  # keep-alive wait for the next request, a stalled body read,
+    # or a peer that accepts none of our bytes for this long: close
+    max_connections: int = 1024  # open connections; one more gets a 503 and is closed
+    ws_max_message_bytes: int = 4 * 1024 * 1024  # received message; over it: close code 1009
+    ws_message_queue_size: int = 16  # received, unread messages; when full we stop reading
+    ws_close_timeout_s: float = 5.0  # wait for the peer's close frame; then drop the socket
+
+
+@attrs.frozen
+class HttpRequest:
+    method: str  # "GET"
+    path: str  # percent-decoded, without the query: "/api/threads/abc"
+    query: Mapping[str, str]  # first value per key
+    headers: Mapping[str, str]  # lower-case name -> value; repeats joined with ", "
+    body: bytes
+
+
+@attrs.frozen
+class HttpResponse:
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    # Extra headers. Framing (Content-Length, Transfer-Encoding, Connection)
+    # belongs to the transport, so those names are dropped.
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class App(Protocol):
+    """What the transport serves; the API layer implements it."""
+
+    async def handle_http(self, request: HttpRequest) -> HttpResponse: ...
+
+    def check_websocket(self, request: HttpRequest) -> HttpResponse | None:
+        """None accepts the upgrade; a response refuses it (sent, then the connection closes)."""
+        ...
+
+    async def handle_websocket(
+        self, ws: trio_websocket.WebSocketConnection, request: HttpRequest
+    ) -> None: ...
+
+
+@attrs.frozen
+class TransportStatistics:
+    open_connections: int
+    accepted_total: int
+    refused_total: int  # turned away with a 503 at max_connections
+
+
+class TransportStats:
+    """Live counters of one server, for health reporting and tests."""
+
+    def __init__(self) -> None:
+        self._open = 0
+        self._accepted = 0
+        self._refused = 0
+        self._changed = trio.Event()
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(self._open, self._accepted, self._refused)
+
+    async def wait_open_connections(self, count: int) -> None:
+        """Wait until exactly ``count`` connections are open."""
+        while self._open != count:
+            await self._changed.wait()
+
+    def _opened(self) -> None:
+        self._open += 1
+        self._accepted += 1
+        self._notify()
+
+    def _closed(self) -> None:
+        self._open -= 1
+        self._notify()
+
+    def _refused_one(self) -> None:
+        self._refused += 1
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+def error_response(status: int, code: str, message: str) -> HttpResponse:
+    """The JSON error every failure is reported with."""
+    return HttpResponse(status, orjson.dumps({"error": {"code": code, "message": message}}))
+
+
+async def serve_api_transport(
+    app: App,
+    host: str,
+    port: int,
+    *,
+    limits: TransportLimits = TransportLimits(),
+    stats: TransportStats | None = None,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` on host:port until cancelled; report the bound port through task_status.
+
+    With port 0 and a host name that resolves to several addresses, only the
+    first address is served, since the kernel would pick a different port for each.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    if port == 0:
+        await _close_all(listeners[1:])
+        del listeners[1:]
+    if stats is None:
+        stats = TransportStats()
+    try:
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(_accept_connections, listener, nursery, app, limits, stats)
+            task_status.started(listeners[0].socket.getsockname()[1])
+    finally:
+        await _close_all(listeners)
+
+
+async def _close_all(resources: Sequence[trio.SocketListener | trio.SocketStream]) -> None:
+    """Close sockets even when cancelled; closing a socket never blocks, so the shield is safe."""
+    with trio.CancelScope(shield=True):
+        for resource in resources:
+            await resource.aclose()
+
+
+async def _accept_connections(
+    listener: trio.SocketListener,
+    nursery: trio.Nursery,
+    app: App,
+    limits: TransportLimits,
+    stats: TransportStats,
+) -> None:
+    while True:
+        try:
+            stream = await listener.accept()
+        except OSError as exc:
+            if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                raise
+            logger.error("accept failed (%s); retrying in %.1f s", exc, _ACCEPT_RETRY_S)
+            await trio.sleep(_ACCEPT_RETRY_S)
+            continue
+        if stats.statistics().open_connections >= limits.max_connections:
+            stats._refused_one()
+            await _refuse_busy(stream, limits.max_connections)
+            continue
+        stats._opened()
+        nursery.start_soon(_serve_connection, stream, app, limits, stats)
+
+
+async def _refuse_busy(stream: trio.SocketStream, max_connections: int) -> None:
+    response = error_response(
+        503,
+        "server_busy",
+        f"the server already has {max_connections} open connections; "
+        "close idle connections or retry shortly",
+    )
+    data = _encode_response(h11.Connection(h11.SERVER), response, close=True)
+    try:
+        with trio.move_on_after(_REFUSAL_SEND_S):
+            await stream.send_all(data)
+    except trio.BrokenResourceError:
+        pass
+    finally:
+        await _close_all([stream])
+
+
+async def _serve_connection(
+    stream: trio.SocketStream, app: App, limits: TransportLimits, stats: TransportStats
+) -> None:
+    """One connection's supervision boundary: whatever happens inside ends it alone."""
+    try:
+        async with trio.open_nursery() as nursery:
+            await _Connection(stream, app, limits, nursery).serve()
+            nursery.cancel_scope.cancel()
+    except* _PEER_ENDINGS as group:
+        logger.debug("connection ended by the peer: %r", group.exceptions)
+    except* Exception:
+        logger.exception("connection failed; closing it")
+    finally:
+        await _close_all([stream])
+        stats._closed()
+
+
+class _Refusal(Exception):
+    """The request cannot be served: send this response, then close."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        super().__init__(response.status)
+        self.response = response
+
+
+class _Connection:
+    """HTTP/1.1 on one socket: requests in, App responses out, until close or upgrade."""
+
+    def __init__(
+        self, stream: trio.SocketStream, app: App, limits: TransportLimits, nursery: trio.Nursery
+    ) -> None:
+        self._stream = stream
+        self._app = app
+        self._limits = limits
+        self._nursery = nursery
+        self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
+        # Every byte from the start of the current request head on (bounded by
+        # max_header_bytes); replayed to trio-websocket on upgrade.
+        self._head_bytes = bytearray()
+        self._served = 0
+
+    async def serve(self) -> None:
+        try:
+            while await self._serve_one():
+                self._h11.start_next_cycle()
+                self._head_bytes = bytearray(self._h11.trailing_data[0])
+        except _Refusal as refusal:
+            await self._send_response(refusal.response, close=True)
+            await self._close_gracefully()
+
+    async def _serve_one(self) -> bool:
+        """Serve one request; True when the connection stays open for another."""
+        head = await self._receive_head()
+        if head is None:
+            return False
+        if head.http_version not in (b"1.0", b"1.1"):
+            raise _Refusal(_unsupported_version(head.http_version))
+        request = parse_request(head)
+        if _is_websocket_upgrade(request):
+            await self._serve_websocket(request)
+            return False
+        request = attrs.evolve(request, body=await self._receive_body(head))
+        response = await self._respond_unless_abandoned(request)
+        if response is None:
+            return False
+        await self._send_response(response, close=False, with_body=request.method != "HEAD")
+        self._served += 1
+        if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
+            return True
+        await self._close_gracefully()
+        return False
+
+    async def _receive_head(self) -> h11.Request | None:
+        """The next request head, or None if the peer closed between requests."""
+        if self._served and not self._h11.trailing_data[0]:
+            with trio.fail_after(self._limits.idle_timeout_s):
+                await self._receive_into_h11(in_head=True)
+        with trio.fail_after(self._limits.header_timeout_s):
+            event = await self._next_event(in_head=True)
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        assert isinstance(event, h11.Request)
+        return event
+
+    async def _receive_body(self, head: h11.Request) -> bytes:
+        limit = self._limits.max_body_bytes
+        declared = _declared_length(head)
+        if declared is not None and declared > limit:
+            raise _Refusal(_body_too_large(limit))
+        if self._h11.they_are_waiting_for_100_continue:
+            await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            with trio.fail_after(self._limits.idle_timeout_s):
+                event = await self._next_event(in_head=False)
+            if not isinstance(event, h11.Data):  # h11 yields only Data, then EndOfMessage
+                return b"".join(chunks)
+            size += len(event.data)
+            if size > limit:
+                raise _Refusal(_body_too_large(limit))
+            chunks.append(bytes(event.data))
+
+    async def _next_event(self, *, in_head: bool) -> h11.Event:
+        # PAUSED never comes up: we stop reading at a request's end, and
+        # hand an upgrade over before that.
+        while True:
+            try:
+                event = self._h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _Refusal(self._bad_request(exc)) from exc
+            if isinstance(event, h11.Event):
+                return event
+            await self._receive_into_h11(in_head=in_head)
+
+    async def _receive_into_h11(self, *, in_head: bool) -> None:
+        if in_head:
+            # While a head is read, h11's buffer is exactly _head_bytes. h11
+            # checks its size only when it needs more data, so reading at most
+            # one byte past the cap makes its 431 exact.
+            room = self._limits.max_header_bytes + 1 - len(self._head_bytes)
+            data = await self._stream.receive_some(max(1, min(room, _RECEIVE_CHUNK)))
+            self._head_bytes += data
+        else:
+            data = await self._stream.receive_some(_RECEIVE_CHUNK)
+        self._h11.receive_data(data)
+
+    def _bad_request(self, exc: h11.RemoteProtocolError) -> HttpResponse:
+        if exc.error_status_hint == 431:
+            return error_response(
+                431,
+                "header_too_large",
+                f"the request head is over {self._limits.max_header_bytes} bytes; "
+                "send fewer or shorter headers",
+            )
+        return error_response(
+            400, "bad_request", f"malformed HTTP/1.1 request ({exc}); send a well-formed request"
+        )
+
+    async def _respond_unless_abandoned(self, request: HttpRequest) -> HttpResponse | None:
+        """Run the App while watching the socket; None if the peer hung up first."""
+        responses: list[HttpResponse] = []
+        async with trio.open_nursery() as nursery:
+
+            async def respond() -> None:
+                responses.append(await _call_app(self._app, request))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(respond)
+            await self._wait_for_hangup()
+            nursery.cancel_scope.cancel()
+        return responses[0] if responses else None
+
+    async def _wait_for_hangup(self) -> None:
+        """Return when the peer closes or resets the connection.
+
+        Bytes of a pipelined next request are kept for the next cycle; from
+        then on this request is answered without watching.
+        """
+        try:
+            data = await self._stream.receive_some(_RECEIVE_CHUNK)
+        except trio.BrokenResourceError:
+            return
+        if not data:
+            return
+        self._h11.receive_data(data)
+        await trio.sleep_forever()
+
+    async def _serve_websocket(self, request: HttpRequest) -> None:
+        refusal = _handshake_problem(request, len(self._head_bytes))
+        refusal = refusal or self._app.check_websocket(request)
+        if refusal is not None:
+            raise _Refusal(refusal)
+        limits = self._limits
+        stream = PrefixedStream(
+            bytes(self._head_bytes), self._stream, send_timeout_s=limits.idle_timeout_s
+        )
+        with trio.fail_after(limits.header_timeout_s):
+            proposal = await trio_websocket.wrap_server_stream(
+                self._nursery,
+                stream,
+                message_queue_size=limits.ws_message_queue_size,
+                max_message_size=limits.ws_max_message_bytes,
+            )
+            ws = await proposal.accept()
+        await _run_websocket_app(self._app, ws, request, stream, limits.ws_close_timeout_s)
+
+    async def _send_response(
+        self, response: HttpResponse, *, close: bool, with_body: bool = True
+    ) -> None:
+        data = _encode_response(self._h11, response, close=close, with_body=with_body)
+        await self._send_bytes(data)
+
+    async def _send(self, event: h11.Event) -> None:
+        data = self._h11.send(event)
+        assert data is not None
+        await self._send_bytes(data)
+
+    async def _send_bytes(self, data: bytes) -> None:
+        with trio.fail_after(self._limits.idle_timeout_s):
+            await self._stream.send_all(data)
+
+    async def _close_gracefully(self) -> None:
+        """Half-close, then drain the peer's leftovers briefly so it reads our last response."""
+        with trio.move_on_after(_LINGER_S):
+            await self._stream.send_eof()
+            while await self._stream.receive_some(_RECEIVE_CHUNK):
+                pass
+
+
+async def _call_app(app: App, request: HttpRequest) -> HttpResponse:
+    """The App's response; a 500 if it raises (logged with its traceback unless a T3dError)."""
+    try:
+        return await app.handle_http(request)
+    except T3dError as exc:
+        logger.warning("%s %s failed: %s", request.method, request.path, exc)
+        return error_response(500, "server_error", str(exc))
+    except Exception:
+        logger.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "internal", "internal error; the server log has the details")
+
+
+async def _run_websocket_app(
+    app: App,
+    ws: trio_websocket.WebSocketConnection,
+    request: HttpRequest,
+    stream: PrefixedStream,
+    close_timeout_s: float,
+) -> None:
+    """Run the App's handler until it returns or the peer's stream ends, then close."""
+    code = 1000
+    try:
+        async with trio.open_nursery() as nursery:
+
+            async def handle() -> None:
+                await app.handle_websocket(ws, request)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(handle)
+            await stream.wait_receive_ended()
+            nursery.cancel_scope.cancel()
+    except* trio_websocket.ConnectionClosed:
+        pass
+    except* Exception:
+        logger.exception("websocket handler for %s failed", request.path)
+        code = 1011
+    with trio.move_on_after(close_timeout_s):
+        await ws.aclose(code)
+
+
+class PrefixedStream(trio.abc.Stream):
+    """A stream that first yields ``prefix``, bytes already read from ``stream``, then reads on.
+
+    Sending and closing go to ``stream``. A send that ``stream`` does not
+    accept within ``send_timeout_s`` fails with BrokenResourceError.
+    """
+
+    def __init__(self, prefix: bytes, stream: trio.abc.Stream, *, send_timeout_s: float) -> None:
+        self._prefix = prefix
+        self._stream = stream
+        self._send_timeout_s = send_timeout_s
+        self._receive_ended = trio.Event()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        if self._prefix:
+            await trio.lowlevel.checkpoint()
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            chunk, self._prefix = self._prefix[:size], self._prefix[size:]
+            return chunk
+        try:
+            data = await self._stream.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._receive_ended.set()
+            raise
+        if not data:
+            self._receive_ended.set()
+        return data
+
+    async def wait_receive_ended(self) -> None:
+        """Wait until the underlying stream has reached its end, failed or been closed."""
+        await self._receive_ended.wait()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        with trio.move_on_after(self._send_timeout_s) as scope:
+            await self._stream.send_all(data)
+        if scope.cancelled_caught:
+            raise trio.BrokenResourceError(f"the peer took no data for {self._send_timeout_s} s")
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def aclose(self) -> None:
+        self._receive_ended.set()
+        await self._stream.aclose()
+
+
+def parse_request(head: h11.Request) -> HttpRequest:
+    """The App's view of a request head h11 has validated (its target is visible ASCII)."""
+    target = urlsplit(head.target.decode("ascii"))
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(target.query, keep_blank_values=True):
+        query.setdefault(key, value)
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in head.headers:
+        name, value = raw_name.decode("ascii"), raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return HttpRequest(
+        method=head.method.decode("ascii"),
+        path=unquote(target.path),
+        query=query,
+        headers=headers,
+        body=b"",
+    )
+
+
+def _is_websocket_upgrade(request: HttpRequest) -> bool:
+    headers = request.headers
+    connection = {token.strip().lower() for token in headers.get("connection", "").split(",")}
+    return (
+        request.method == "GET"
+        and "upgrade" in connection
+        and "websocket" in headers.get("upgrade", "").lower()
+    )
+
+
+def _handshake_problem(request: HttpRequest, head_size: int) -> HttpResponse | None:
+    """What wsproto would reject in this upgrade request, answered before handing it over.
+
+    Past this check the handshake belongs to trio-websocket, which closes the
+    stream on a rejection without telling us.
+    """
+    headers = request.headers
+    if head_size > _WSPROTO_MAX_HEAD_BYTES:
+        return error_response(
+            431,
+            "header_too_large",
+            f"a WebSocket upgrade request is limited to {_WSPROTO_MAX_HEAD_BYTES} bytes; "
+            "send fewer or shorter headers",
+        )
+    if headers.get("sec-websocket-version") != "13":
+        return error_response(
+            426 if "sec-websocket-version" in headers else 400,
+            "bad_websocket_version",
+            "this server speaks WebSocket version 13; send Sec-WebSocket-Version: 13",
+        )
+    if not headers.get("sec-websocket-key"):
+        return error_response(
+            400, "bad_websocket_handshake", "the upgrade lacks Sec-WebSocket-Key; add it"
+        )
+    if headers.get("upgrade", "").lower() != "websocket":
+        return error_response(
+            400, "bad_websocket_handshake", "send exactly 'Upgrade: websocket' to open a WebSocket"
+        )
+    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+        return error_response(
+            400, "bad_websocket_handshake", "a WebSocket upgrade must not have a body; drop it"
+        )
+    try:
+        host_ok = bool(headers.get("host", "").encode("latin-1").decode("idna"))
+    except UnicodeError:
+        host_ok = False
+    if not host_ok:
+        return error_response(400, "bad_host", "send a Host header with a valid host name")
+    return None
+
+
+def _declared_length(head: h11.Request) -> int | None:
+    for name, value in head.headers:
+        if name == b"content-length":
+            return int(value)  # h11 has checked it is digits, and one value
+    return None
+
+
+def _unsupported_version(version: bytes) -> HttpResponse:
+    return error_response(
+        505,
+        "http_version_not_supported",
+        f"this server speaks HTTP/1.1, not HTTP/{version.decode()}; "
+        "connect with HTTP/1.1 (or a WebSocket upgrade)",
+    )
+
+
+def _body_too_large(limit: int) -> HttpResponse:
+    return error_response(
+        413, "body_too_large", f"the request body is over {limit} bytes; send a smaller body"
+    )
+
+
+_FRAMING_HEADERS = frozenset({"content-length", "content-type", "transfer-encoding", "connection"})
+
+
+def _encode_response(
+    conn: h11.Connection, response: HttpResponse, *, close: bool, with_body: bool = True
+) -> bytes:
+    """The response's bytes; without its body (but with its length) when answering HEAD."""
+    headers = [
+        ("content-type", response.content_type),
+        ("content-length", str(len(response.body))),
+        *(
+            (name, value)
+            for name, value in response.headers
+            if name.lower() not in _FRAMING_HEADERS
+        ),
+    ]
+    if close:
+        headers.append(("connection", "close"))
+    parts = [
+        conn.send(h11.Response(status_code=response.status, headers=headers)),
+        conn.send(h11.Data(data=response.body)) if response.body and with_body else b"",
+        conn.send(h11.EndOfMessage()),
+    ]
+    return b"".join(part for part in parts if part)

@@ -1,0 +1,424 @@
+"""What `t3d ctl` writes to the terminal: pure functions of the daemon's entities.
+
+No trio, no I/O: :class:`TurnRenderer` is fed event dicts (``{"kind",
+"sequence", "entity"}``) and snapshot objects and returns :class:`Rendered`
+text plus the approval questions to ask; the driver in ``commands.py``
+writes the text and asks.
+
+Rules of the turn renderer:
+- Only the run's own turn counts; entities of other turns are ignored.
+- Entities may arrive again, or older than what was seen (resync, snapshot
+  chunks): a text is printed by suffix only (printed length per item), a
+  tool line, a result line and a question once each. Nothing is printed twice.
+- An assistant message streams without a newline until it completes;
+  anything else printed first ends the open line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import orjson
+
+JsonDict = dict[str, Any]
+
+TERMINAL_TURN_STATUSES = frozenset({"completed", "interrupted", "failed", "cancelled"})
+SUMMARY_CHARS = 80  # a tool call's input summary
+RESULT_CHARS = 100  # a tool result's first line
+# Input fields that say most about a tool call, best first.
+_TELLING_KEYS = (
+    "file_path",
+    "notebook_path",
+    "path",
+    "command",
+    "pattern",
+    "url",
+    "query",
+    "description",
+    "prompt",
+)
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line, cut to ``limit`` characters with an ellipsis."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _shorten_path(value: str, cwd: str | None) -> str:
+    if cwd and value.startswith(cwd.rstrip("/") + "/"):
+        return value[len(cwd.rstrip("/")) + 1 :]
+    return value
+
+
+def summarize_input(tool_input: Any, *, cwd: str | None = None, limit: int = SUMMARY_CHARS) -> str:
+    """The telling part of a tool's input: ``notes.txt`` for a Read, the command for a Bash."""
+    if not isinstance(tool_input, Mapping) or not tool_input:
+        return "" if tool_input in (None, {}) else one_line(str(tool_input), limit)
+    for key in _TELLING_KEYS:
+        value = tool_input.get(key)
+        if isinstance(value, str) and value:
+            return one_line(_shorten_path(value, cwd), limit)
+    parts = (f"{key}: {value}" for key, value in tool_input.items())
+    return one_line(", ".join(parts), limit)
+
+
+def tool_line(name: str, tool_input: Any, *, cwd: str | None = None) -> str:
+    """``⏺ Read(notes.txt)``."""
+    return f"⏺ {name}({summarize_input(tool_input, cwd=cwd)})"
+
+
+def result_line(result: Any, *, failed: bool) -> str:
+    """``  ⎿  first line of the result`` (``Error: ...`` for a failed call)."""
+    text = "" if result is None else str(result)
+    lines = [line for line in text.splitlines() if line.strip()]
+    first = one_line(lines[0], RESULT_CHARS) if lines else ("failed" if failed else "done")
+    more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+    return f"  ⎿  {'Error: ' if failed and lines else ''}{first}{more}"
+
+
+@attrs.frozen
+class ApprovalPrompt:
+    """A permission question for one pending request."""
+
+    request_id: str
+    question: str  # "Allow Edit notes.txt?"
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.question} [y/N] "
+
+
+@attrs.define
+class Rendered:
+    """What one feed produced: text for stdout and stderr, questions, settled requests."""
+
+    out: str = ""
+    err: str = ""
+    asks: list[ApprovalPrompt] = attrs.Factory(list)
+    # Requests asked about earlier that are no longer pending: stop asking.
+    settled: list[str] = attrs.Factory(list)
+
+
+class TurnRenderer:
+    """Renders one turn of one thread; see the module docstring for its rules.
+
+    ``json_lines`` writes each event of the turn as one JSON line instead of
+    human text (snapshot rows only when they differ from what was seen).
+    ``cwd`` shortens paths under the project directory.
+    """
+
+    def __init__(self, turn_id: str, *, json_lines: bool = False, cwd: str | None = None) -> None:
+        self.turn_id = turn_id
+        self.json_lines = json_lines
+        self.cwd = cwd
+        self.turn: JsonDict | None = None
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._result = Rendered()
+        self._at_line_start = True
+        self._streaming: str | None = None  # item whose text ends the last write
+        self._printed: dict[str, int] = {}  # item id -> characters of its text written
+        self._headed: set[str] = set()  # items whose first line is written
+        self._finished: set[str] = set()  # items whose closing line is written
+        self._approvals: dict[str, JsonDict] = {}  # approval_request items by id
+        self._asked: set[str] = set()
+        self._settled: set[str] = set()
+        self._seen: dict[str, JsonDict] = {}  # json_lines: last entity written per id
+        self._queued_noted = False
+
+    @property
+    def done(self) -> bool:
+        return self.turn is not None and self.turn.get("status") in TERMINAL_TURN_STATUSES
+
+    @property
+    def exit_code(self) -> int:
+        """0 for a completed turn, 1 for any other end."""
+        return 0 if self.turn is not None and self.turn.get("status") == "completed" else 1
+
+    # -- feeding -----------------------------------------------------------
+
+    def feed_event(self, event: Mapping[str, Any]) -> Rendered:
+        """One ``event`` notification's data: ``{"kind", "sequence", "entity"}``."""
+        kind = event.get("kind")
+        entity = event.get("entity")
+        if not isinstance(entity, dict) or not self._is_ours(kind, entity):
+            return Rendered()
+        if self.json_lines:
+            self._seen[str(entity.get("id"))] = entity
+            self._out.append(orjson.dumps(dict(event)).decode() + "\n")
+        self._apply(kind, entity)
+        return self._take()
+
+    def feed_snapshot(self, snapshot: Mapping[str, Any]) -> Rendered:
+        """A snapshot object (or chunk): ``thread``, ``turns``, ``items``, ``requests``."""
+        # Items by ordinal, so that text and tool lines come out in transcript order;
+        # requests after items, so that a question can name its tool; the turn
+        # last, so that a finished turn ends the run after its items.
+        items = sorted(_dicts(snapshot.get("items")), key=lambda item: item.get("ordinal") or 0)
+        rows = [
+            *(("item.updated", item) for item in items),
+            *(("request.updated", request) for request in _dicts(snapshot.get("requests"))),
+            *(("turn.updated", turn) for turn in _dicts(snapshot.get("turns"))),
+        ]
+        for kind, entity in rows:
+            if not self._is_ours(kind, entity):
+                continue
+            if self.json_lines and self._seen.get(str(entity.get("id"))) != entity:
+                self._seen[str(entity.get("id"))] = entity
+                line = {"kind": kind, "sequence": None, "entity": entity, "snapshot": True}
+                self._out.append(orjson.dumps(line).decode() + "\n")
+            self._apply(kind, entity)
+        return self._take()
+
+    def finish(self, *, abandoned: bool = False) -> Rendered:
+        """The closing output: end the open line; the final JSON line or error line.
+
+        ``abandoned``: the user stopped following a turn that goes on, so
+        there is no error to report, only the last state seen (JSON).
+        """
+        self._end_line()
+        if self.json_lines:
+            self._out.append(orjson.dumps({"turn": self.turn}).decode() + "\n")
+        elif self.exit_code != 0 and not abandoned:
+            self._err.append(f"error: {final_error(self.turn)}\n")
+        self._result.settled.extend(sorted(self._asked - self._settled))
+        self._settled |= self._asked
+        return self._take()
+
+    # -- entities ----------------------------------------------------------
+
+    def _is_ours(self, kind: Any, entity: Mapping[str, Any]) -> bool:
+        if kind == "turn.updated":
+            return entity.get("id") == self.turn_id
+        if kind in ("item.updated", "request.updated"):
+            return entity.get("turn_id") == self.turn_id
+        return False
+
+    def _apply(self, kind: Any, entity: JsonDict) -> None:
+        if kind == "turn.updated":
+            self._turn(entity)
+        elif kind == "item.updated":
+            self._item(entity)
+        elif kind == "request.updated":
+            self._request(entity)
+
+    def _turn(self, turn: JsonDict) -> None:
+        if self.done:
+            return  # a terminal status is final; an older row must not reopen it
+        self.turn = turn
+        if turn.get("status") == "queued" and not self._queued_noted:
+            self._queued_noted = True
+            reason = turn.get("queue_reason") or "the thread is busy"
+            self._err.append(f"turn queued ({reason}); it starts when the thread is free\n")
+
+    def _item(self, item: JsonDict) -> None:
+        item_id = str(item.get("id"))
+        kind = item.get("kind")
+        if kind == "approval_request":
+            self._approvals[item_id] = item
+        if self.json_lines:
+            return
+        status = item.get("status")
+        if kind == "assistant_message":
+            self._stream(item_id, item.get("text") or "", status)
+        elif kind == "tool_call":
+            data = item.get("data") or {}
+            if self._head(item_id):
+                self._line(
+                    tool_line(
+                        str(item.get("title") or data.get("name") or "tool"),
+                        data.get("input"),
+                        cwd=self.cwd,
+                    )
+                )
+            if status in ("completed", "failed") and self._finish(item_id):
+                failed = status == "failed" or bool(data.get("is_error"))
+                self._line(result_line(data.get("result"), failed=failed))
+        elif kind == "approval_request":
+            if status in ("allowed", "denied") and self._finish(item_id):
+                self._line(f"  ⎿  {str(status).capitalize()}")
+        elif kind == "reasoning":
+            if status == "completed" and item.get("text") and self._finish(item_id):
+                self._line(f"✻ {one_line(str(item.get('text')), SUMMARY_CHARS)}")
+        elif kind == "error":
+            if self._finish(item_id):
+                self._line(f"✗ {item.get('text') or item.get('title') or 'error'}")
+        elif kind != "user_message" and self._head(item_id):
+            self._line(f"⏺ {one_line(str(item.get('title') or kind), SUMMARY_CHARS)}")
+
+    def _request(self, request: JsonDict) -> None:
+        request_id = str(request.get("id"))
+        if request.get("status") != "pending":
+            if request_id in self._asked and request_id not in self._settled:
+                self._settled.add(request_id)
+                self._result.settled.append(request_id)
+            return
+        if request_id in self._asked or request_id in self._settled:
+            return
+        self._asked.add(request_id)
+        if request.get("kind", "permission") != "permission":
+            self._err.append(
+                f"request {request_id} ({request.get('kind')}) waits for an answer `t3d ctl` cannot give; "
+                "answer it in a t3d UI\n"
+            )
+            return
+        if not self.json_lines:
+            self._end_line()
+        self._result.asks.append(ApprovalPrompt(request_id, self._question(request)))
+
+    def _question(self, request: JsonDict) -> str:
+        item = self._approvals.get(str(request.get("item_id")))
+        data = request.get("data") or {}
+        item_data = (item or {}).get("data") or {}
+        name = (
+            (item or {}).get("title")
+            or item_data.get("tool_name")
+            or data.get("tool_name")
+            or "this tool"
+        )
+        tool_input = item_data.get("input", data.get("input"))
+        target = summarize_input(tool_input, cwd=self.cwd, limit=60)
+        return f"Allow {name}{' ' + target if target else ''}?"
+
+    # -- text --------------------------------------------------------------
+
+    def _stream(self, item_id: str, text: str, status: Any) -> None:
+        printed = self._printed.get(item_id, 0)
+        if len(text) > printed:
+            if self._streaming != item_id:
+                self._end_line()
+            self._write(text[printed:])
+            self._printed[item_id] = len(text)
+            self._streaming = item_id
+        if (
+            status in ("completed", "failed")
+            and self._finish(item_id)
+            and self._streaming == item_id
+        ):
+            self._end_line()
+
+    def _head(self, item_id: str) -> bool:
+        """True the first time only: the item's first line is to be written now."""
+        if item_id in self._headed:
+            return False
+        self._headed.add(item_id)
+        return True
+
+    def _finish(self, item_id: str) -> bool:
+        """True the first time only: the item's closing line is to be written now."""
+        if item_id in self._finished:
+            return False
+        self._finished.add(item_id)
+        return True
+
+    def _write(self, text: str) -> None:
+        if text:
+            self._out.append(text)
+            self._at_line_start = text.endswith("\n")
+
+    def _line(self, text: str) -> None:
+        self._end_line()
+        self._write(text + "\n")
+
+    def _end_line(self) -> None:
+        if not self._at_line_start:
+            self._write("\n")
+        self._streaming = None
+
+    def _take(self) -> Rendered:
+        result = self._result
+        result.out, result.err = "".join(self._out), "".join(self._err)
+        self._out, self._err, self._result = [], [], Rendered()
+        return result
+
+
+def final_error(turn: Mapping[str, Any] | None) -> str:
+    """What ended a turn that did not complete, in the daemon's words if it gave any."""
+    if turn is None:
+        return "the turn ended without a status"
+    return str(turn.get("error") or turn.get("status") or "unknown")
+
+
+def _dicts(value: Any) -> Iterable[JsonDict]:
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list):
+        return [row for row in value if isinstance(row, dict)]
+    return []
+
+
+# -- tables ------------------------------------------------------------------
+
+
+def format_duration(seconds: float) -> str:
+    """``3d 4h``, ``2h 5m``, ``4m 10s``, ``12s``."""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"
+
+
+def count_threads(threads: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Thread counts for `t3d ctl status`; archived threads count only as archived."""
+    live = [thread for thread in threads if not thread.get("archived_at")]
+    return {
+        "threads": len(live),
+        "running_threads": sum(1 for thread in live if thread.get("status") == "running"),
+        "waiting_threads": sum(1 for thread in live if thread.get("status") == "waiting"),
+        "archived_threads": len(threads) - len(live),
+    }
+
+
+def format_status(
+    url: str, health: Mapping[str, Any], projects: int, counts: Mapping[str, int]
+) -> str:
+    """The human report of `t3d ctl status`."""
+    uptime = health.get("uptime_s")
+    up = f", up {format_duration(float(uptime))}" if isinstance(uptime, int | float) else ""
+    lines = [
+        f"t3d {health.get('version', '?')} at {url}: {health.get('status', '?')}{up}",
+        f"projects  {projects}",
+        f"threads   {counts['threads']} ({counts['running_threads']} running, "
+        f"{counts['waiting_threads']} waiting for approval, {counts['archived_threads']} archived)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def format_threads_table(threads: Sequence[Mapping[str, Any]], *, title_chars: int = 60) -> str:
+    """`t3d ctl threads`: one aligned row per thread, oldest first."""
+    if not threads:
+        return 'no threads; start one with `t3d ctl run "your prompt"`\n'
+    header = ("ID", "PROVIDER", "STATUS", "TURNS", "ITEMS", "TITLE")
+    rows = [header]
+    for thread in sorted(threads, key=lambda t: t.get("created_at") or 0):
+        status = "archived" if thread.get("archived_at") else str(thread.get("status", "?"))
+        rows.append(
+            (
+                str(thread.get("id", "?")),
+                str(thread.get("provider", "?")),
+                status,
+                str(thread.get("turn_count", "?")),
+                str(thread.get("item_count", "?")),
+                one_line(str(thread.get("title") or ""), title_chars),
+            )
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
+    numeric = {3, 4}
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if column in numeric else cell.ljust(width)
+            for column, (cell, width) in enumerate(zip(row, widths, strict=False))
+        ]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines) + "\n"

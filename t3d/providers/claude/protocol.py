@@ -1,0 +1,617 @@
+"""Sans-IO core of the Claude Code stream-json protocol (PROTOCOLS.md §1).
+
+Theory of operation
+-------------------
+The CLI reads one JSON object per line on stdin and writes one per line on
+stdout. This module does no I/O and keeps no session state:
+
+* `LineBuffer` cuts stdout bytes, in whatever chunks they arrive, into lines.
+* `parse_line` turns one line into one event from `t3d.providers.claude.events`.
+* The ``encode_*`` functions turn what the host wants into one stdin line each.
+* `build_argv` gives the spawn line; `final_error_text` the message for a failed turn.
+
+The adapter's driver owns the pipes: it feeds chunks, parses the lines it
+gets back, correlates ``request_id`` s and writes encoded lines.
+
+Rules
+-----
+* **Remote errors.** `parse_line` raises `ProtocolError` only for a line that
+  is not a JSON object. Any object parses: an unknown ``type`` or subtype
+  becomes `Unknown`, and a missing or mistyped field takes its default. Each
+  CLI release adds line types and fields, so tolerance is the compatible
+  choice. An event that needs a correlation key (a ``request_id``, a block
+  ``index``) and lacks it comes out as `Unknown`, because it cannot be acted on.
+* **Local errors.** Every encoder serialises with orjson, so its output is
+  one line of valid JSON or an exception at the call site (a value that is
+  not JSON). A malformed stdin line kills the CLI and its turn (§1.6), so
+  nothing here builds JSON by hand.
+* **Bounded.** `LineBuffer` holds at most ``max_line`` bytes of an unfinished
+  line. A longer line is discarded up to its newline and reported in place
+  as a `LineTooLong` item; the lines after it come out normally.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from t3d.errors import ProtocolError
+from t3d.providers.claude.events import (
+    ApiRetry,
+    AssistantMessage,
+    BlockStarted,
+    BlockStopped,
+    ClaudeEvent,
+    ContentBlock,
+    ControlCancelled,
+    ControlRequested,
+    ControlResponded,
+    JsonObject,
+    McpServer,
+    MessageDelta,
+    MessageStarted,
+    MessageStopped,
+    OtherBlock,
+    PermissionDenial,
+    PermissionRequested,
+    RateLimited,
+    StatusChanged,
+    SystemInit,
+    SystemNotice,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
+    ToolInputDelta,
+    ToolResult,
+    ToolUseBlock,
+    TurnResult,
+    Unknown,
+    Usage,
+    UserMessage,
+)
+
+DEFAULT_MAX_LINE = 32 * 1024 * 1024
+"""Largest stdout line kept, in bytes. Hook output can reach tens of KB (§1.7)."""
+
+_PREVIEW_CHARS = 200
+
+
+def _preview(line: bytes) -> str:
+    """The start of ``line`` for an error message, readable whatever its bytes."""
+    text = line[: _PREVIEW_CHARS * 4].decode("utf-8", errors="replace")
+    suffix = "…" if len(text) > _PREVIEW_CHARS or len(line) > _PREVIEW_CHARS * 4 else ""
+    return repr(text[:_PREVIEW_CHARS]) + suffix
+
+
+# -- framing --------------------------------------------------------------------
+
+
+class LineTooLong(ProtocolError):
+    """A stdout line exceeded `LineBuffer`'s limit and was dropped.
+
+    `LineBuffer` returns this in the place of the line rather than raising
+    it, so the lines before and after it still come out. The caller decides:
+    log it and go on, or ``raise`` it to fail the session.
+    """
+
+    def __init__(self, length: int, limit: int, head: bytes) -> None:
+        super().__init__(
+            f"Claude Code wrote a stdout line of {length} bytes, over the limit of "
+            f"{limit} bytes, so it was dropped; it began {_preview(head)}. "
+            "Raise the line limit if such lines are expected."
+        )
+        self.length = length
+        self.limit = limit
+        self.head = head
+
+
+class LineBuffer:
+    """Newline framing for the CLI's stdout.
+
+    `feed` returns the lines completed by a chunk, without their ``\\n`` or
+    ``\\r\\n``, and keeps the unfinished tail. Empty lines are skipped.
+    ``max_line`` bounds the bytes before a newline (a ``\\r`` included); a
+    line over it is discarded as its bytes arrive, so memory stays bounded,
+    and comes out as a `LineTooLong` in its place.
+    """
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        if max_line < 1:
+            raise ValueError(f"max_line must be positive, not {max_line}")
+        self._max_line = max_line
+        self._partial = bytearray()
+        # While an over-long line is being discarded: its length so far, and
+        # its first bytes for the report. None otherwise.
+        self._dropped: int | None = None
+        self._dropped_head = b""
+
+    def feed(self, data: bytes | bytearray) -> list[bytes | LineTooLong]:
+        """Add ``data`` (as trio's ``receive_some`` returns it) and return every line it completes."""
+        lines: list[bytes | LineTooLong] = []
+        view = memoryview(data)
+        start = 0
+        while (end := data.find(b"\n", start)) != -1:
+            self._append(view[start:end])
+            line = self._take()
+            if line is not None:
+                lines.append(line)
+            start = end + 1
+        self._append(view[start:])
+        return lines
+
+    def eof(self) -> bytes | LineTooLong | None:
+        """The final line if the stream ended without a newline, else ``None``; resets the buffer."""
+        return self._take()
+
+    def _append(self, piece: memoryview) -> None:
+        if self._dropped is not None:
+            self._dropped += len(piece)
+            return
+        size = len(self._partial) + len(piece)
+        if size > self._max_line:
+            head = bytes(self._partial[:_PREVIEW_CHARS]) + bytes(piece[:_PREVIEW_CHARS])
+            self._dropped = size
+            self._dropped_head = head[:_PREVIEW_CHARS]
+            self._partial = bytearray()
+            return
+        self._partial += piece
+
+    def _take(self) -> bytes | LineTooLong | None:
+        if self._dropped is not None:
+            too_long = LineTooLong(self._dropped, self._max_line, self._dropped_head)
+            self._dropped = None
+            self._dropped_head = b""
+            return too_long
+        line = bytes(self._partial)
+        self._partial = bytearray()
+        line = line.removesuffix(b"\r")
+        return line or None
+
+
+# -- defensive accessors ----------------------------------------------------------
+# Each returns the field when it has the expected JSON type, else a default.
+# bool is an int subclass in Python, so numeric accessors exclude it.
+
+
+def _opt_str(obj: JsonObject, key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _str(obj: JsonObject, key: str) -> str:
+    value = obj.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def _opt_int(obj: JsonObject, key: str) -> int | None:
+    value = obj.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _int(obj: JsonObject, key: str) -> int:
+    value = _opt_int(obj, key)
+    return 0 if value is None else value
+
+
+def _opt_float(obj: JsonObject, key: str) -> float | None:
+    value = obj.get(key)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _dict(obj: JsonObject, key: str) -> JsonObject:
+    value = obj.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(obj: JsonObject, key: str) -> list[JsonObject]:
+    """The dict items of a list field; other items are skipped."""
+    value = obj.get(key)
+    if not isinstance(value, list):
+        return []
+    return [item for item in value if isinstance(item, dict)]
+
+
+def _strs(obj: JsonObject, key: str) -> tuple[str, ...]:
+    value = obj.get(key)
+    if not isinstance(value, list):
+        return ()
+    return tuple(item for item in value if isinstance(item, str))
+
+
+def _content(message: JsonObject) -> list[JsonObject]:
+    """A message's content blocks; a plain string counts as one text block."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return _dicts(message, "content")
+
+
+def _flatten_text(value: object) -> str:
+    """Tool-result content as text: a string as is, or the text parts of a block list."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        parts = [
+            item["text"]
+            for item in value
+            if isinstance(item, dict)
+            and item.get("type") == "text"
+            and isinstance(item.get("text"), str)
+        ]
+        return "\n".join(parts)
+    return ""
+
+
+# -- parsing ----------------------------------------------------------------------
+
+
+def parse_line(line: bytes) -> ClaudeEvent:
+    """Decode one stdout line into an event.
+
+    Raises `ProtocolError` if the line is not a JSON object; never for an
+    object, whatever its fields.
+    """
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(
+            f"Claude Code wrote a stdout line that is not valid JSON ({exc}): {_preview(line)}"
+        ) from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError(
+            f"Claude Code wrote a JSON {type(obj).__name__} where an object was expected: "
+            f"{_preview(line)}"
+        )
+    kind = _opt_str(obj, "type")
+    parser = _PARSERS.get(kind) if kind is not None else None
+    if parser is None:
+        return Unknown(kind, _opt_str(obj, "subtype"), obj)
+    return parser(obj)
+
+
+def _parse_system(obj: JsonObject) -> ClaudeEvent:
+    subtype = _opt_str(obj, "subtype")
+    if subtype == "init":
+        return SystemInit(
+            session_id=_str(obj, "session_id"),
+            model=_str(obj, "model"),
+            cwd=_str(obj, "cwd"),
+            tools=_strs(obj, "tools"),
+            permission_mode=_str(obj, "permissionMode"),
+            claude_code_version=_str(obj, "claude_code_version"),
+            api_key_source=_str(obj, "apiKeySource"),
+            mcp_servers=tuple(
+                McpServer(_str(server, "name"), _str(server, "status"))
+                for server in _dicts(obj, "mcp_servers")
+            ),
+        )
+    if subtype == "status":
+        return StatusChanged(_opt_str(obj, "status"), _opt_str(obj, "permissionMode"))
+    if subtype == "api_retry":
+        return ApiRetry(
+            attempt=_int(obj, "attempt"),
+            max_retries=_int(obj, "max_retries"),
+            error_status=_opt_int(obj, "error_status"),
+            error=_str(obj, "error"),
+            retry_delay_ms=_opt_float(obj, "retry_delay_ms") or 0.0,
+        )
+    if subtype is None:
+        return Unknown("system", None, obj)
+    return SystemNotice(subtype, obj)
+
+
+def _parse_stream_event(obj: JsonObject) -> ClaudeEvent:
+    parent = _opt_str(obj, "parent_tool_use_id")
+    event = _dict(obj, "event")
+    kind = _opt_str(event, "type")
+    if kind == "message_start":
+        message = _dict(event, "message")
+        return MessageStarted(_str(message, "id"), _str(message, "model"), parent)
+    if kind == "message_delta":
+        return MessageDelta(_opt_str(_dict(event, "delta"), "stop_reason"), parent)
+    if kind == "message_stop":
+        return MessageStopped(parent)
+    index = _opt_int(event, "index")
+    if index is None:
+        return Unknown("stream_event", kind, obj)
+    if kind == "content_block_start":
+        block = _dict(event, "content_block")
+        block_kind = _str(block, "type")
+        if block_kind == "tool_use":
+            return BlockStarted(index, block_kind, _str(block, "id"), _str(block, "name"), parent)
+        return BlockStarted(index, block_kind, None, None, parent)
+    if kind == "content_block_stop":
+        return BlockStopped(index, parent)
+    if kind == "content_block_delta":
+        return _parse_delta(obj, _dict(event, "delta"), index, parent)
+    return Unknown("stream_event", kind, obj)
+
+
+def _parse_delta(obj: JsonObject, delta: JsonObject, index: int, parent: str | None) -> ClaudeEvent:
+    kind = _opt_str(delta, "type")
+    if kind == "text_delta" and (text := _opt_str(delta, "text")) is not None:
+        return TextDelta(index, text, parent)
+    if kind == "thinking_delta" and (text := _opt_str(delta, "thinking")) is not None:
+        return ThinkingDelta(index, text, parent)
+    if kind == "input_json_delta" and (text := _opt_str(delta, "partial_json")) is not None:
+        return ToolInputDelta(index, text, parent)
+    # signature_delta, citations_delta, …: nothing the host shows.
+    return Unknown("stream_event", kind or "content_block_delta", obj)
+
+
+def _parse_block(block: JsonObject) -> ContentBlock:
+    kind = _str(block, "type")
+    if kind == "text":
+        return TextBlock(_str(block, "text"))
+    if kind == "tool_use":
+        return ToolUseBlock(_str(block, "id"), _str(block, "name"), _dict(block, "input"))
+    if kind == "thinking":
+        return ThinkingBlock(_str(block, "thinking"))
+    return OtherBlock(kind, block)
+
+
+def _parse_assistant(obj: JsonObject) -> ClaudeEvent:
+    message = _dict(obj, "message")
+    return AssistantMessage(
+        message_id=_str(message, "id"),
+        blocks=tuple(_parse_block(block) for block in _content(message)),
+        error=_opt_str(obj, "error"),
+        synthetic=message.get("model") == "<synthetic>",
+        parent_tool_use_id=_opt_str(obj, "parent_tool_use_id"),
+        aborted=obj.get("aborted") is True,
+    )
+
+
+def _parse_user(obj: JsonObject) -> ClaudeEvent:
+    blocks = _content(_dict(obj, "message"))
+    results = [block for block in blocks if block.get("type") == "tool_result"]
+    structured = obj.get("tool_use_result")
+    if len(results) != 1 or not isinstance(structured, dict | str):
+        structured = None
+    texts = [_str(block, "text") for block in blocks if block.get("type") == "text"]
+    return UserMessage(
+        parent_tool_use_id=_opt_str(obj, "parent_tool_use_id"),
+        tool_results=tuple(
+            ToolResult(
+                tool_use_id=_str(block, "tool_use_id"),
+                content_text=_flatten_text(block.get("content")),
+                is_error=block.get("is_error") is True,
+                structured=structured,
+            )
+            for block in results
+        ),
+        text="\n".join(texts),
+        is_replay=obj.get("isReplay") is True,
+    )
+
+
+def _parse_result(obj: JsonObject) -> ClaudeEvent:
+    subtype = _str(obj, "subtype")
+    is_error = obj.get("is_error")
+    usage = _dict(obj, "usage")
+    return TurnResult(
+        subtype=subtype,
+        is_error=is_error if isinstance(is_error, bool) else subtype != "success",
+        result_text=_opt_str(obj, "result"),
+        session_id=_str(obj, "session_id"),
+        stop_reason=_opt_str(obj, "stop_reason"),
+        terminal_reason=_opt_str(obj, "terminal_reason"),
+        total_cost_usd=_opt_float(obj, "total_cost_usd"),
+        usage=Usage(
+            input_tokens=_int(usage, "input_tokens"),
+            output_tokens=_int(usage, "output_tokens"),
+            cache_read_input_tokens=_int(usage, "cache_read_input_tokens"),
+            cache_creation_input_tokens=_int(usage, "cache_creation_input_tokens"),
+        ),
+        num_turns=_int(obj, "num_turns"),
+        duration_ms=_int(obj, "duration_ms"),
+        api_error_status=_opt_int(obj, "api_error_status"),
+        errors=_strs(obj, "errors"),
+        permission_denials=tuple(
+            PermissionDenial(
+                _str(denial, "tool_name"), _str(denial, "tool_use_id"), _dict(denial, "tool_input")
+            )
+            for denial in _dicts(obj, "permission_denials")
+        ),
+        result_index=_opt_int(obj, "result_index"),
+    )
+
+
+def _parse_rate_limit(obj: JsonObject) -> ClaudeEvent:
+    return RateLimited(_opt_str(_dict(obj, "rate_limit_info"), "status"), obj)
+
+
+def _parse_control_request(obj: JsonObject) -> ClaudeEvent:
+    request = _dict(obj, "request")
+    subtype = _opt_str(request, "subtype")
+    request_id = _opt_str(obj, "request_id")
+    if request_id is None or subtype is None:
+        return Unknown("control_request", subtype, obj)
+    if subtype == "can_use_tool":
+        return PermissionRequested(
+            request_id=request_id,
+            tool_name=_str(request, "tool_name"),
+            display_name=_str(request, "display_name") or _str(request, "tool_name"),
+            input=_dict(request, "input"),
+            tool_use_id=_opt_str(request, "tool_use_id"),
+            description=_opt_str(request, "description"),
+            blocked_path=_opt_str(request, "blocked_path"),
+            suggestions=tuple(_dicts(request, "permission_suggestions")),
+        )
+    return ControlRequested(request_id, subtype, obj)
+
+
+def _parse_control_response(obj: JsonObject) -> ClaudeEvent:
+    response = _dict(obj, "response")
+    subtype = _opt_str(response, "subtype")
+    request_id = _opt_str(response, "request_id")
+    if request_id is None:
+        return Unknown("control_response", subtype, obj)
+    ok = subtype == "success"
+    body = response.get("response")
+    error = None
+    if not ok:
+        error = _opt_str(response, "error") or f"the CLI answered {subtype!r} with no error text"
+    return ControlResponded(request_id, ok, body if isinstance(body, dict) else None, error)
+
+
+def _parse_control_cancel(obj: JsonObject) -> ClaudeEvent:
+    request_id = _opt_str(obj, "request_id")
+    if request_id is None:
+        return Unknown("control_cancel_request", None, obj)
+    return ControlCancelled(request_id)
+
+
+_PARSERS: Mapping[str, Callable[[JsonObject], ClaudeEvent]] = {
+    "system": _parse_system,
+    "stream_event": _parse_stream_event,
+    "assistant": _parse_assistant,
+    "user": _parse_user,
+    "result": _parse_result,
+    "rate_limit_event": _parse_rate_limit,
+    "control_request": _parse_control_request,
+    "control_response": _parse_control_response,
+    "control_cancel_request": _parse_control_cancel,
+}
+
+
+def final_error_text(result: TurnResult) -> str | None:
+    """The message to show for a failed turn, or ``None`` if it succeeded.
+
+    For an ``is_error`` result this is the ``result`` text (``Not logged in ·
+    Please run /login``, ``API Error: 400 …``); failing that the ``errors``
+    list (``No conversation found with session ID: …``), then the subtype. An
+    interrupted turn only carries a CLI diagnostic in ``errors``; callers that
+    sent the interrupt should check ``terminal_reason == "aborted_streaming"``
+    first.
+    """
+    if not result.is_error and result.subtype == "success":
+        return None
+    if result.is_error and result.result_text:
+        return result.result_text
+    if result.errors:
+        return "; ".join(result.errors)
+    return result.subtype or "the turn failed with no error text"
+
+
+# -- encoding (host -> CLI) ---------------------------------------------------------
+
+
+def _line(obj: JsonObject) -> bytes:
+    return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
+
+
+def encode_user_message(text: str, session_id: str = "") -> bytes:
+    """A user turn. ``session_id`` may be ``""`` before the first ``init``."""
+    return _line(
+        {
+            "type": "user",
+            "message": {"role": "user", "content": text},
+            "parent_tool_use_id": None,
+            "session_id": session_id,
+        }
+    )
+
+
+def _control_request(request_id: str, request: JsonObject) -> bytes:
+    return _line({"type": "control_request", "request_id": request_id, "request": request})
+
+
+def encode_initialize(request_id: str) -> bytes:
+    """The optional ``initialize`` handshake; its response lists commands, models and the pid."""
+    return _control_request(request_id, {"subtype": "initialize", "hooks": None})
+
+
+def encode_interrupt(request_id: str) -> bytes:
+    """Stop the running turn; it ends with an ``error_during_execution`` result."""
+    return _control_request(request_id, {"subtype": "interrupt"})
+
+
+def encode_set_permission_mode(request_id: str, mode: str) -> bytes:
+    """Switch the permission mode (``default``, ``acceptEdits``, ``plan``, …)."""
+    return _control_request(request_id, {"subtype": "set_permission_mode", "mode": mode})
+
+
+def encode_set_model(request_id: str, model: str) -> bytes:
+    """Switch the model for later API calls (an alias such as ``sonnet`` or a full name)."""
+    return _control_request(request_id, {"subtype": "set_model", "model": model})
+
+
+def _control_success(request_id: str, response: JsonObject) -> bytes:
+    return _line(
+        {
+            "type": "control_response",
+            "response": {"subtype": "success", "request_id": request_id, "response": response},
+        }
+    )
+
+
+def encode_permission_allow(request_id: str, updated_input: Mapping[str, Any]) -> bytes:
+    """Allow a ``can_use_tool`` request; pass the request's ``input`` unless editing it."""
+    return _control_success(request_id, {"behavior": "allow", "updatedInput": dict(updated_input)})
+
+
+def encode_permission_deny(request_id: str, message: str) -> bytes:
+    """Deny a ``can_use_tool`` request; ``message`` goes to the model as the tool's error."""
+    return _control_success(request_id, {"behavior": "deny", "message": message})
+
+
+def encode_control_error(request_id: str, message: str) -> bytes:
+    """Refuse a CLI control request the host cannot serve."""
+    return _line(
+        {
+            "type": "control_response",
+            "response": {"subtype": "error", "request_id": request_id, "error": message},
+        }
+    )
+
+
+# -- spawning ---------------------------------------------------------------------------
+
+_BASE_FLAGS = (
+    "--output-format",
+    "stream-json",
+    "--verbose",
+    "--input-format",
+    "stream-json",
+    "--include-partial-messages",
+    "--permission-prompt-tool",
+    "stdio",
+)
+
+
+def build_argv(
+    binary: str,
+    *,
+    model: str | None = None,
+    permission_mode: str | None = None,
+    resume: str | None = None,
+    session_id: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv of a long-lived, SDK-style session process (PROTOCOLS.md §0, §4).
+
+    No ``-p``: stdin being a pipe is enough. ``resume`` continues a saved
+    session; ``session_id`` fixes the id of a new one; the two exclude each
+    other. ``extra`` is appended as is (``--mcp-config``, ``--add-dir``, …).
+    """
+    if resume is not None and session_id is not None:
+        raise ValueError("pass either resume or session_id, not both")
+    if isinstance(extra, str):
+        raise TypeError("extra must be a sequence of arguments, not one string")
+    argv = [binary, *_BASE_FLAGS]
+    if permission_mode is not None:
+        argv += ["--permission-mode", permission_mode]
+    if model is not None:
+        argv += ["--model", model]
+    if resume is not None:
+        argv += ["--resume", resume]
+    if session_id is not None:
+        argv += ["--session-id", session_id]
+    argv.extend(extra)
+    return argv

@@ -1,0 +1,373 @@
+"""`t3d ctl` rendering: what a turn's events print, pinned on event sequences shaped like the wire."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+
+from t3d.ctl.render import (
+    ApprovalPrompt,
+    TurnRenderer,
+    count_threads,
+    format_duration,
+    format_status,
+    format_threads_table,
+    result_line,
+    summarize_input,
+    tool_line,
+)
+
+THREAD = "th1"
+TURN = "tu1"
+CWD = "/home/dev/proj"
+
+_sequences = itertools.count(1)
+
+
+def event(event_kind: str, entity: dict[str, Any]) -> dict[str, Any]:
+    """An ``event`` notification's data, as the daemon sends it."""
+    return {"kind": event_kind, "sequence": next(_sequences), "entity": entity}
+
+
+def turn(status: str, *, turn_id: str = TURN, **fields: Any) -> dict[str, Any]:
+    entity = {"id": turn_id, "thread_id": THREAD, "ordinal": 1, "status": status}
+    return event("turn.updated", entity | fields)
+
+
+def item(
+    item_id: str, kind: str, status: str, *, turn_id: str = TURN, **fields: Any
+) -> dict[str, Any]:
+    entity = {
+        "id": item_id,
+        "thread_id": THREAD,
+        "turn_id": turn_id,
+        "kind": kind,
+        "status": status,
+        "title": None,
+        "text": None,
+        "data": None,
+    }
+    return event("item.updated", entity | fields)
+
+
+def request(request_id: str, status: str, *, item_id: str, **fields: Any) -> dict[str, Any]:
+    entity = {
+        "id": request_id,
+        "thread_id": THREAD,
+        "turn_id": TURN,
+        "item_id": item_id,
+        "kind": "permission",
+        "status": status,
+    }
+    return event("request.updated", entity | fields)
+
+
+def tool(status: str, *, result: str | None = None, is_error: bool = False) -> dict[str, Any]:
+    data = {
+        "tool_use_id": "toolu_1",
+        "name": "Read",
+        "input": {"file_path": f"{CWD}/notes.txt"},
+        "result": result,
+        "is_error": is_error,
+    }
+    return item("i2", "tool_call", status, title="Read", data=data)
+
+
+def out_of(renderer: TurnRenderer, *events: dict[str, Any]) -> str:
+    return "".join(renderer.feed_event(e).out for e in events)
+
+
+def test_streaming_text_prints_only_the_new_suffix_and_ends_the_line_on_completion() -> None:
+    r = TurnRenderer(TURN)
+    assert r.feed_event(item("i1", "assistant_message", "streaming", text="Hel")).out == "Hel"
+    assert (
+        r.feed_event(item("i1", "assistant_message", "streaming", text="Hello, wor")).out
+        == "lo, wor"
+    )
+    assert (
+        r.feed_event(item("i1", "assistant_message", "completed", text="Hello, world.")).out
+        == "ld.\n"
+    )
+    # The same update again (a resync, a snapshot) prints nothing.
+    assert (
+        r.feed_event(item("i1", "assistant_message", "completed", text="Hello, world.")).out == ""
+    )
+
+
+def test_an_older_shorter_text_prints_nothing() -> None:
+    r = TurnRenderer(TURN)
+    out_of(r, item("i1", "assistant_message", "streaming", text="Hello, world"))
+    assert r.feed_event(item("i1", "assistant_message", "streaming", text="Hello")).out == ""
+
+
+def test_text_that_already_ends_its_line_gets_no_extra_newline() -> None:
+    r = TurnRenderer(TURN)
+    out = out_of(
+        r,
+        item("i1", "assistant_message", "streaming", text="Done.\n"),
+        item("i1", "assistant_message", "completed", text="Done.\n"),
+    )
+    assert out == "Done.\n"
+
+
+def test_a_tool_call_prints_its_line_once_then_its_result_when_completed() -> None:
+    r = TurnRenderer(TURN, cwd=CWD)
+    assert r.feed_event(tool("running")).out == "⏺ Read(notes.txt)\n"
+    assert r.feed_event(tool("running")).out == ""
+    done = r.feed_event(tool("completed", result="first line\nsecond line\n"))
+    assert done.out == "  ⎿  first line (+1 lines)\n"
+    assert r.feed_event(tool("completed", result="first line\nsecond line\n")).out == ""
+
+
+def test_a_tool_call_first_seen_completed_prints_both_lines() -> None:
+    r = TurnRenderer(TURN, cwd=CWD)
+    assert r.feed_event(tool("completed", result="ok")).out == "⏺ Read(notes.txt)\n  ⎿  ok\n"
+
+
+def test_a_failed_tool_call_says_error() -> None:
+    r = TurnRenderer(TURN, cwd=CWD)
+    out = out_of(r, tool("running"), tool("failed", result="No such file", is_error=True))
+    assert out.endswith("  ⎿  Error: No such file\n")
+
+
+def test_a_tool_line_ends_the_streaming_text_line_first() -> None:
+    r = TurnRenderer(TURN, cwd=CWD)
+    out = out_of(
+        r, item("i1", "assistant_message", "streaming", text="Let me look"), tool("running")
+    )
+    assert out == "Let me look\n⏺ Read(notes.txt)\n"
+
+
+def test_an_approval_is_asked_once_then_settled_and_its_decision_shown() -> None:
+    r = TurnRenderer(TURN, cwd=CWD)
+    data = {
+        "tool_name": "Edit",
+        "input": {"file_path": f"{CWD}/notes.txt"},
+        "tool_use_id": "toolu_2",
+    }
+    r.feed_event(
+        item("i3", "approval_request", "pending", title="Edit", text="Edit a file", data=data)
+    )
+    asked = r.feed_event(request("r1", "pending", item_id="i3"))
+    assert asked.asks == [ApprovalPrompt("r1", "Allow Edit notes.txt?")]
+    assert asked.asks[0].prompt == "Allow Edit notes.txt? [y/N] "
+    assert r.feed_event(request("r1", "pending", item_id="i3")).asks == []
+
+    resolved = r.feed_event(request("r1", "resolved", item_id="i3", decision="allow"))
+    assert resolved.settled == ["r1"]
+    assert resolved.asks == []
+    allowed = r.feed_event(item("i3", "approval_request", "allowed", title="Edit", data=data))
+    assert allowed.out == "  ⎿  Allowed\n"
+    assert (
+        r.feed_event(item("i3", "approval_request", "allowed", title="Edit", data=data)).out == ""
+    )
+
+
+def test_an_approval_question_ends_the_streaming_text_line() -> None:
+    r = TurnRenderer(TURN)
+    out_of(r, item("i1", "assistant_message", "streaming", text="I will edit"))
+    asked = r.feed_event(
+        request(
+            "r1",
+            "pending",
+            item_id="i9",
+            data={"tool_name": "Bash", "input": {"command": "ls -la"}},
+        )
+    )
+    assert asked.out == "\n"
+    # Without its approval item the question comes from the request's own data.
+    assert asked.asks == [ApprovalPrompt("r1", "Allow Bash ls -la?")]
+
+
+def test_a_request_that_was_never_asked_is_not_settled() -> None:
+    r = TurnRenderer(TURN)
+    assert r.feed_event(request("r1", "expired", item_id="i3")).settled == []
+
+
+def test_a_failed_turn_ends_the_run_with_its_error_on_stderr() -> None:
+    r = TurnRenderer(TURN)
+    out_of(
+        r,
+        turn("running"),
+        item("e1", "error", "completed", text="Not logged in · Please run /login"),
+    )
+    assert not r.done
+    r.feed_event(turn("failed", error="Not logged in · Please run /login", reason="provider_error"))
+    assert r.done
+    assert r.exit_code == 1
+    final = r.finish()
+    assert final.err == "error: Not logged in · Please run /login\n"
+    assert final.out == ""
+
+
+def test_an_interrupted_turn_without_error_text_reports_its_status() -> None:
+    r = TurnRenderer(TURN)
+    out_of(r, item("i1", "assistant_message", "streaming", text="Half a sen"), turn("interrupted"))
+    assert r.done
+    final = r.finish()
+    assert final.out == "\n"  # the open line is ended
+    assert final.err == "error: interrupted\n"
+    assert r.exit_code == 1
+
+
+def test_a_completed_turn_exits_zero_quietly() -> None:
+    r = TurnRenderer(TURN)
+    out_of(r, turn("running"), turn("completed", cost_usd=0.01))
+    assert r.done
+    assert r.exit_code == 0
+    assert r.finish().err == ""
+
+
+def test_a_terminal_turn_is_not_reopened_by_an_older_row() -> None:
+    r = TurnRenderer(TURN)
+    out_of(r, turn("completed"), turn("running"))
+    assert r.done
+    assert r.exit_code == 0
+
+
+def test_a_queued_turn_says_so_once_on_stderr() -> None:
+    r = TurnRenderer(TURN)
+    first = r.feed_event(turn("queued", queue_reason="thread_busy"))
+    assert "queued (thread_busy)" in first.err
+    assert r.feed_event(turn("queued", queue_reason="thread_busy")).err == ""
+
+
+def test_entities_of_other_turns_are_ignored() -> None:
+    r = TurnRenderer(TURN)
+    other = "tu0"
+    assert (
+        out_of(
+            r,
+            item("x1", "assistant_message", "completed", text="old answer", turn_id=other),
+            turn("completed", turn_id=other),
+            event("thread.updated", {"id": THREAD, "status": "running"}),
+        )
+        == ""
+    )
+    assert not r.done
+
+
+def test_a_snapshot_after_a_resync_prints_only_what_is_new_and_the_turn_last() -> None:
+    r = TurnRenderer(TURN, cwd=CWD)
+    out_of(r, item("i1", "assistant_message", "streaming", text="Reading"), tool("running"))
+    snapshot = {
+        "thread": {"id": THREAD, "status": "idle"},
+        "turns": [
+            {"id": TURN, "thread_id": THREAD, "status": "completed"},
+            {"id": "tu0", "thread_id": THREAD, "status": "completed"},
+        ],
+        "items": [
+            tool("completed", result="ok")["entity"] | {"ordinal": 2},
+            item("i1", "assistant_message", "completed", text="Reading the notes")["entity"]
+            | {"ordinal": 1},
+            item("i4", "assistant_message", "completed", text="All good.")["entity"]
+            | {"ordinal": 3},
+        ],
+        "requests": [],
+    }
+    rendered = r.feed_snapshot(snapshot)
+    assert rendered.out == " the notes\n  ⎿  ok\nAll good.\n"
+    assert r.done
+
+
+def test_json_lines_print_each_event_of_the_turn_and_a_final_turn_line() -> None:
+    r = TurnRenderer(TURN, json_lines=True)
+    streaming = item("i1", "assistant_message", "streaming", text="Hi")
+    completed = turn("completed")
+    lines = [r.feed_event(streaming).out, r.feed_event(completed).out]
+    assert [orjson.loads(line) for line in lines] == [streaming, completed]
+    assert r.feed_event(item("x", "assistant_message", "completed", turn_id="tu0")).out == ""
+    final = r.finish()
+    assert orjson.loads(final.out)["turn"]["status"] == "completed"
+    assert final.err == ""
+
+
+def test_json_lines_print_snapshot_rows_only_when_they_changed() -> None:
+    r = TurnRenderer(TURN, json_lines=True)
+    streaming = item("i1", "assistant_message", "streaming", text="Hi")
+    r.feed_event(streaming)
+    same = {"items": [streaming["entity"]], "turns": [], "requests": []}
+    assert r.feed_snapshot(same).out == ""
+    grown = {"items": [streaming["entity"] | {"text": "Hi there"}]}
+    line = orjson.loads(r.feed_snapshot(grown).out)
+    assert line["kind"] == "item.updated"
+    assert line["snapshot"] is True
+    assert line["entity"]["text"] == "Hi there"
+
+
+def test_finish_of_an_abandoned_turn_reports_no_error_but_settles_open_questions() -> None:
+    r = TurnRenderer(TURN)
+    r.feed_event(request("r1", "pending", item_id="i3"))
+    final = r.finish(abandoned=True)
+    assert final.err == ""
+    assert final.settled == ["r1"]
+
+
+def test_tool_summaries_are_short_and_on_one_line() -> None:
+    assert tool_line("Bash", {"command": "ls\n-la", "description": "list"}) == "⏺ Bash(ls -la)"
+    long = summarize_input({"command": "x" * 200})
+    assert len(long) == 80
+    assert long.endswith("…")
+    assert summarize_input({"a": 1, "b": "two"}) == "a: 1, b: two"
+    assert summarize_input(None) == ""
+    assert result_line(None, failed=False) == "  ⎿  done"
+
+
+def test_format_duration_uses_the_two_largest_units() -> None:
+    assert format_duration(12) == "12s"
+    assert format_duration(250) == "4m 10s"
+    assert format_duration(7_500) == "2h 5m"
+    assert format_duration(3 * 86_400 + 4 * 3_600 + 5) == "3d 4h"
+
+
+def test_status_counts_live_threads_and_archived_ones_apart() -> None:
+    threads = [
+        {"id": "a", "status": "running"},
+        {"id": "b", "status": "waiting"},
+        {"id": "c", "status": "idle"},
+        {"id": "d", "status": "idle", "archived_at": 5.0},
+    ]
+    counts = count_threads(threads)
+    assert counts == {
+        "threads": 3,
+        "running_threads": 1,
+        "waiting_threads": 1,
+        "archived_threads": 1,
+    }
+    text = format_status(
+        "http://127.0.0.1:3774", {"status": "ok", "version": "0.1.0", "uptime_s": 61}, 2, counts
+    )
+    assert text.splitlines()[0] == "t3d 0.1.0 at http://127.0.0.1:3774: ok, up 1m 1s"
+    assert "3 (1 running, 1 waiting for approval, 1 archived)" in text
+
+
+def test_threads_table_aligns_columns_oldest_first() -> None:
+    threads = [
+        {
+            "id": "t-2",
+            "provider": "replay",
+            "status": "running",
+            "turn_count": 12,
+            "item_count": 340,
+            "title": "second",
+            "created_at": 2.0,
+        },
+        {
+            "id": "t-1",
+            "provider": "claude",
+            "status": "idle",
+            "turn_count": 1,
+            "item_count": 3,
+            "title": "first\nline",
+            "created_at": 1.0,
+            "archived_at": 9.0,
+        },
+    ]
+    lines = format_threads_table(threads).splitlines()
+    assert lines[0].split() == ["ID", "PROVIDER", "STATUS", "TURNS", "ITEMS", "TITLE"]
+    assert lines[1].split() == ["t-1", "claude", "archived", "1", "3", "first", "line"]
+    assert lines[2].split() == ["t-2", "replay", "running", "12", "340", "second"]
+    assert lines[1].index("first") == lines[2].index("second") == lines[0].index("TITLE")
+    assert "no threads" in format_threads_table([])
