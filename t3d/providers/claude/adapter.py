@@ -109,23 +109,11 @@ class TurnMapper:
         return []
 
     def _on_BlockStarted(self, e: ce.BlockStarted) -> list[Change]:
+        # A tool call is recorded once its input is whole (its assistant line),
+        # so no client ever sees a call with empty arguments.
         if e.kind == "tool_use" and e.tool_use_id:
             self._block_keys[e.index] = e.tool_use_id
-            item = self._item(
-                e.tool_use_id,
-                "tool_call",
-                status="running",
-                title=e.tool_name,
-                data={
-                    "tool_use_id": e.tool_use_id,
-                    "name": e.tool_name,
-                    "input": {},
-                    "result": None,
-                    "is_error": False,
-                },
-            )
-            return [ItemChanged(item, final=False)]
-        if e.kind in ("text", "thinking"):
+        elif e.kind in ("text", "thinking"):
             self._block_keys[e.index] = self._text_key(e.index)
         return []
 
