@@ -1,0 +1,145 @@
+"""The store's threads and transactions, on a real SQLite file."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import apsw
+import pytest
+import trio
+import trio.testing
+
+from t3d.domain import commands as c
+from t3d.errors import DomainError, StoreError, WriterClosedError
+from t3d.store.commit import Committed
+from t3d.store.readers import ReaderPool
+from t3d.store.schema import MIGRATIONS, migrate
+from t3d.store.store import open_store
+
+
+def _lost(error: BaseException | None) -> None:
+    raise AssertionError(f"writer lost: {error!r}")
+
+
+async def test_commands_commit_off_the_loop_and_publish_in_sequence_order(tmp_path: Path) -> None:
+    """Many concurrent commands: each commits on the writer thread, publications arrive in sequence order."""
+    published: list[int] = []
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        store.on_commit(lambda done: published.extend(e.sequence for e in done.events))
+        await store.execute(c.CreateProject("p", "/p"))
+        async with trio.open_nursery() as nursery:
+            for i in range(50):
+                nursery.start_soon(store.execute, c.CreateThread(f"t{i}", "p", "replay"))
+        assert published == sorted(published) and len(published) == 51
+        shell = await store.shell()
+        assert len(shell["threads"]) == 50
+        assert shell["sequence"] == published[-1]
+
+
+async def test_a_rejected_command_changes_nothing_and_its_retry_fails_the_same_way(tmp_path: Path) -> None:
+    """A DomainError rolls back the transaction; the rejected receipt replays the error."""
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        for _ in range(2):
+            with pytest.raises(DomainError, match="does not exist"):
+                await store.execute(c.CreateThread("t", "missing", "replay"), command_id="x")
+        assert (await store.shell())["threads"] == []
+        first = await store.execute(c.CreateProject("p", "/p"), command_id="y")
+        again = await store.execute(c.CreateProject("p2", "/p2"), command_id="y")
+        assert again.replayed and again.result == first.result
+        assert len((await store.shell())["projects"]) == 1
+
+
+async def test_jobs_sent_before_close_commit_and_later_ones_fail(tmp_path: Path) -> None:
+    """Close lets queued statements finish and commit; afterwards: 'database writer is closed'."""
+    release = threading.Event()
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        writer = store._writer  # type: ignore[attr-defined]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer.run, lambda conn: release.wait(10))  # holds the writer busy
+            for i in range(20):
+                nursery.start_soon(store.execute, c.CreateProject(f"p{i}", f"/p{i}"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert writer.queued == 21
+            nursery.start_soon(writer.close)
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        with pytest.raises(WriterClosedError, match="database writer is closed"):
+            await store.execute(c.CreateProject("late", "/late"))
+
+    def count() -> int:
+        return apsw.Connection(str(tmp_path / "db")).execute("SELECT count(*) FROM projects").get  # type: ignore[no-any-return]
+
+    assert await trio.to_thread.run_sync(count) == 20
+
+
+async def test_a_failing_job_fails_only_itself(tmp_path: Path) -> None:
+    """An exception inside one writer job reaches its caller; the writer keeps serving."""
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        writer = store._writer  # type: ignore[attr-defined]
+
+        def boom(conn: apsw.Connection) -> None:
+            conn.execute("SELECT * FROM no_such_table")
+
+        with pytest.raises(apsw.SQLError):
+            await writer.run(boom)
+        assert isinstance(await store.execute(c.CreateProject("p", "/p")), Committed)
+
+
+async def test_the_writer_runs_on_its_own_thread(tmp_path: Path) -> None:
+    """Writer jobs never run on the Trio thread."""
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        name = await store._writer.run(lambda conn: threading.current_thread().name)  # type: ignore[attr-defined]
+        assert name == "t3d-writer"
+
+
+async def test_a_reader_that_failed_to_open_comes_back(tmp_path: Path) -> None:
+    """A reader whose database is missing fails that read; once the file exists the next read works."""
+    path = tmp_path / "later.sqlite"
+    pool = ReaderPool(str(path), 2)
+    with pytest.raises(StoreError, match="could not open a database reader"):
+        await pool.read(lambda conn: conn.execute("SELECT 1").get, lambda raw: raw)
+
+    def create() -> None:
+        conn = apsw.Connection(str(path))
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t(x)")
+        conn.close()
+
+    await trio.to_thread.run_sync(create)
+    assert await pool.read(lambda conn: conn.execute("SELECT 7").get, lambda raw: raw) == 7
+    pool.close()
+
+
+def test_migrations_are_a_ladder_and_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    """user_version counts applied migrations; a database from a newer t3d is not touched."""
+    conn = apsw.Connection(str(tmp_path / "db"))
+    assert migrate(conn) == len(MIGRATIONS)
+    assert conn.execute("PRAGMA user_version").get == len(MIGRATIONS)
+    assert migrate(conn) == len(MIGRATIONS)
+    conn.execute(f"PRAGMA user_version={len(MIGRATIONS) + 5}")
+    with pytest.raises(StoreError, match="newer than this t3d supports"):
+        migrate(conn)
+
+
+async def test_restart_recovery_closes_running_turns_and_expires_requests(tmp_path: Path) -> None:
+    """After a restart: the running turn is interrupted (server_restart), its request expired, the queued turn starts."""
+    db = tmp_path / "db"
+    async with open_store(db, on_writer_lost=_lost) as store:
+        await store.execute(c.CreateProject("p", "/p"))
+        await store.execute(c.CreateThread("t", "p", "replay"))
+        await store.execute(c.StartTurn("t", "u1", "one"))
+        await store.execute(c.StartTurn("t", "u2", "two"))
+        await store.execute(c.MarkTurnRunning("u1"))
+        approval = (await store.snapshot("t"))["items"][0]
+        from t3d.domain.codec import entity_from
+
+        item = entity_from("item.updated", {**approval, "id": "u1:req", "kind": "approval_request", "status": "pending"})
+        await store.execute(c.OpenRequest("u1", "r1", "permission", item))  # type: ignore[arg-type]
+    async with open_store(db, on_writer_lost=_lost) as store:
+        snap = await store.snapshot("t")
+        turns = {t["id"]: t for t in snap["turns"]}
+        assert turns["u1"]["status"] == "interrupted" and turns["u1"]["reason"] == "server_restart"
+        assert turns["u2"]["status"] == "starting"
+        assert await store.pending_requests() == []
+        assert [type(e).__name__ for _, e in await store.pending_effects()] == ["StartProviderTurn"]
