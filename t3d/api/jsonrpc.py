@@ -7,6 +7,7 @@ field, so one error names all of them at once.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,7 +104,7 @@ class Params:
         self._params = params
         self._problems: list[str] = []
 
-    def _get(self, name: str, kind: type | tuple[type, ...], label: str, required: bool) -> Any:
+    def _get(self, name: builtins.str, kind: type | tuple[type, ...], label: builtins.str, required: bool) -> Any:
         value = self._params.get(name, _MISSING)
         if value is _MISSING or value is None:
             if required:
@@ -114,21 +115,21 @@ class Params:
             return None
         return value
 
-    def str(self, name: str, *, max_len: int = 4096) -> Any:
+    def str(self, name: builtins.str, *, max_len: int = 4096) -> Any:
         value = self._get(name, str, "a string", True)
         return self._bounded(name, value, max_len)
 
-    def opt_str(self, name: str, *, max_len: int = 4096) -> Any:
+    def opt_str(self, name: builtins.str, *, max_len: int = 4096) -> Any:
         value = self._get(name, str, "a string", False)
         return self._bounded(name, value, max_len)
 
-    def _bounded(self, name: str, value: Any, max_len: int) -> Any:
+    def _bounded(self, name: builtins.str, value: Any, max_len: int) -> Any:
         if value is not None and len(value) > max_len:
             self._problems.append(f"{name} is longer than {max_len} characters")
             return None
         return value
 
-    def opt_int(self, name: str, *, default: int | None, low: int, high: int) -> Any:
+    def opt_int(self, name: builtins.str, *, default: int | None, low: int, high: int) -> Any:
         value = self._get(name, int, "an integer", False)
         if value is None:
             return default
@@ -137,7 +138,7 @@ class Params:
             return default
         return value
 
-    def choice(self, name: str, allowed: Sequence[str], *, default: str | None = None) -> Any:
+    def choice(self, name: builtins.str, allowed: Sequence[builtins.str], *, default: builtins.str | None = None) -> Any:
         value = self._get(name, str, f"one of {', '.join(allowed)}", default is None)
         if value is None:
             return default
@@ -146,7 +147,7 @@ class Params:
             return default
         return value
 
-    def raw(self, name: str) -> Any:
+    def raw(self, name: builtins.str) -> Any:
         return self._params.get(name)
 
     def check(self) -> None:

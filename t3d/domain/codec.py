@@ -40,7 +40,7 @@ def to_json(entity: Entity) -> dict[str, Any]:
 
 
 def entity_from(kind: str, value: dict[str, Any]) -> Entity:
-    return converter.structure(value, ENTITY_OF_KIND[kind])  # type: ignore[no-any-return]
+    return converter.structure(value, ENTITY_OF_KIND[kind])
 
 
 def dumps(value: Any) -> bytes:

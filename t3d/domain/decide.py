@@ -345,7 +345,7 @@ def _close_turn(
     d: _Draft,
     turn: Turn,
     now: float,
-    status: str,
+    status: Any,
     error: str | None,
     reason: str | None,
     *,

@@ -110,7 +110,7 @@ class State:
         table = self._table_of(entity)
         table[entity.id] = entity
 
-    def _table_of(self, entity: object) -> dict[str, object]:  # type: ignore[type-arg]
+    def _table_of(self, entity: object) -> dict[str, object]:
         tables: dict[type, dict] = {  # type: ignore[type-arg]
             Project: self.projects,
             Thread: self.threads,

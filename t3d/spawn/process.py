@@ -54,6 +54,8 @@ async def stop_process(process: trio.Process, *, grace: float = 5.0) -> int:
         if process.returncode is None:
             signal_group(process, signal.SIGTERM)
             with trio.move_on_after(grace):
-                return await process.wait()
-            signal_group(process, signal.SIGKILL)
-        return await process.wait()
+                await process.wait()
+            if process.returncode is None:
+                signal_group(process, signal.SIGKILL)
+        code = await process.wait()
+    return code
