@@ -23,16 +23,27 @@ from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Protocol
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 import attrs
 import h11
-import orjson
 import trio
 import trio_websocket
 
+from t3d.api.http1 import HttpRequest as HttpRequest
+from t3d.api.http1 import HttpResponse as HttpResponse
+from t3d.api.http1 import (
+    body_too_large,
+    declared_length,
+    encode_response,
+    error_response,
+    handshake_problem,
+    is_websocket_upgrade,
+    parse_request,
+    unsupported_version,
+)
+from t3d.api.prefixed_stream import PrefixedStream
 from t3d.errors import T3dError
 
 logger = logging.getLogger("t3d.api")
@@ -47,8 +58,6 @@ _REFUSAL_SEND_S = 0.5
 # Accept errors that mean "out of descriptors or memory for now": wait, retry.
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
-# wsproto parses the replayed upgrade request with h11's default head limit.
-_WSPROTO_MAX_HEAD_BYTES = 16 * 1024
 # Ends of a connection that are the peer's doing (or a deadline), not a bug.
 _PEER_ENDINGS = (
     trio.BrokenResourceError,
@@ -72,25 +81,6 @@ class TransportLimits:
     ws_max_message_bytes: int = 4 * 1024 * 1024  # received message; over it: close code 1009
     ws_message_queue_size: int = 16  # received, unread messages; when full we stop reading
     ws_close_timeout_s: float = 5.0  # wait for the peer's close frame; then drop the socket
-
-
-@attrs.frozen
-class HttpRequest:
-    method: str  # "GET"
-    path: str  # percent-decoded, without the query: "/api/threads/abc"
-    query: Mapping[str, str]  # first value per key
-    headers: Mapping[str, str]  # lower-case name -> value; repeats joined with ", "
-    body: bytes
-
-
-@attrs.frozen
-class HttpResponse:
-    status: int
-    body: bytes = b""
-    content_type: str = "application/json"
-    # Extra headers. Framing (Content-Length, Transfer-Encoding, Connection)
-    # belongs to the transport, so those names are dropped.
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 class App(Protocol):
@@ -147,11 +137,6 @@ class TransportStats:
     def _notify(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
-
-
-def error_response(status: int, code: str, message: str) -> HttpResponse:
-    """The JSON error every failure is reported with."""
-    return HttpResponse(status, orjson.dumps({"error": {"code": code, "message": message}}))
 
 
 async def serve_api_transport(
@@ -221,7 +206,7 @@ async def _refuse_busy(stream: trio.SocketStream, max_connections: int) -> None:
         f"the server already has {max_connections} open connections; "
         "close idle connections or retry shortly",
     )
-    data = _encode_response(h11.Connection(h11.SERVER), response, close=True)
+    data = encode_response(h11.Connection(h11.SERVER), response, close=True)
     try:
         with trio.move_on_after(_REFUSAL_SEND_S):
             await stream.send_all(data)
@@ -287,9 +272,9 @@ class _Connection:
         if head is None:
             return False
         if head.http_version not in (b"1.0", b"1.1"):
-            raise _Refusal(_unsupported_version(head.http_version))
+            raise _Refusal(unsupported_version(head.http_version))
         request = parse_request(head)
-        if _is_websocket_upgrade(request):
+        if is_websocket_upgrade(request):
             await self._serve_websocket(request)
             return False
         request = attrs.evolve(request, body=await self._receive_body(head))
@@ -317,9 +302,9 @@ class _Connection:
 
     async def _receive_body(self, head: h11.Request) -> bytes:
         limit = self._limits.max_body_bytes
-        declared = _declared_length(head)
+        declared = declared_length(head)
         if declared is not None and declared > limit:
-            raise _Refusal(_body_too_large(limit))
+            raise _Refusal(body_too_large(limit))
         if self._h11.they_are_waiting_for_100_continue:
             await self._send(h11.InformationalResponse(status_code=100, headers=[]))
         chunks: list[bytes] = []
@@ -331,7 +316,7 @@ class _Connection:
                 return b"".join(chunks)
             size += len(event.data)
             if size > limit:
-                raise _Refusal(_body_too_large(limit))
+                raise _Refusal(body_too_large(limit))
             chunks.append(bytes(event.data))
 
     async def _next_event(self, *, in_head: bool) -> h11.Event:
@@ -400,7 +385,7 @@ class _Connection:
         await trio.sleep_forever()
 
     async def _serve_websocket(self, request: HttpRequest) -> None:
-        refusal = _handshake_problem(request, len(self._head_bytes))
+        refusal = handshake_problem(request, len(self._head_bytes))
         refusal = refusal or self._app.check_websocket(request)
         if refusal is not None:
             raise _Refusal(refusal)
@@ -421,7 +406,7 @@ class _Connection:
     async def _send_response(
         self, response: HttpResponse, *, close: bool, with_body: bool = True
     ) -> None:
-        data = _encode_response(self._h11, response, close=close, with_body=with_body)
+        data = encode_response(self._h11, response, close=close, with_body=with_body)
         await self._send_bytes(data)
 
     async def _send(self, event: h11.Event) -> None:
@@ -479,167 +464,3 @@ async def _run_websocket_app(
         code = 1011
     with trio.move_on_after(close_timeout_s):
         await ws.aclose(code)
-
-
-class PrefixedStream(trio.abc.Stream):
-    """A stream that first yields ``prefix``, bytes already read from ``stream``, then reads on.
-
-    Sending and closing go to ``stream``. A send that ``stream`` does not
-    accept within ``send_timeout_s`` fails with BrokenResourceError.
-    """
-
-    def __init__(self, prefix: bytes, stream: trio.abc.Stream, *, send_timeout_s: float) -> None:
-        self._prefix = prefix
-        self._stream = stream
-        self._send_timeout_s = send_timeout_s
-        self._receive_ended = trio.Event()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        if self._prefix:
-            await trio.lowlevel.checkpoint()
-            size = len(self._prefix) if max_bytes is None else max_bytes
-            chunk, self._prefix = self._prefix[:size], self._prefix[size:]
-            return chunk
-        try:
-            data = await self._stream.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self._receive_ended.set()
-            raise
-        if not data:
-            self._receive_ended.set()
-        return data
-
-    async def wait_receive_ended(self) -> None:
-        """Wait until the underlying stream has reached its end, failed or been closed."""
-        await self._receive_ended.wait()
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        with trio.move_on_after(self._send_timeout_s) as scope:
-            await self._stream.send_all(data)
-        if scope.cancelled_caught:
-            raise trio.BrokenResourceError(f"the peer took no data for {self._send_timeout_s} s")
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self._stream.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        self._receive_ended.set()
-        await self._stream.aclose()
-
-
-def parse_request(head: h11.Request) -> HttpRequest:
-    """The App's view of a request head h11 has validated (its target is visible ASCII)."""
-    target = urlsplit(head.target.decode("ascii"))
-    query: dict[str, str] = {}
-    for key, value in parse_qsl(target.query, keep_blank_values=True):
-        query.setdefault(key, value)
-    headers: dict[str, str] = {}
-    for raw_name, raw_value in head.headers:
-        name, value = raw_name.decode("ascii"), raw_value.decode("latin-1")
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    return HttpRequest(
-        method=head.method.decode("ascii"),
-        path=unquote(target.path),
-        query=query,
-        headers=headers,
-        body=b"",
-    )
-
-
-def _is_websocket_upgrade(request: HttpRequest) -> bool:
-    headers = request.headers
-    connection = {token.strip().lower() for token in headers.get("connection", "").split(",")}
-    return (
-        request.method == "GET"
-        and "upgrade" in connection
-        and "websocket" in headers.get("upgrade", "").lower()
-    )
-
-
-def _handshake_problem(request: HttpRequest, head_size: int) -> HttpResponse | None:
-    """What wsproto would reject in this upgrade request, answered before handing it over.
-
-    Past this check the handshake belongs to trio-websocket, which closes the
-    stream on a rejection without telling us.
-    """
-    headers = request.headers
-    if head_size > _WSPROTO_MAX_HEAD_BYTES:
-        return error_response(
-            431,
-            "header_too_large",
-            f"a WebSocket upgrade request is limited to {_WSPROTO_MAX_HEAD_BYTES} bytes; "
-            "send fewer or shorter headers",
-        )
-    if headers.get("sec-websocket-version") != "13":
-        return error_response(
-            426 if "sec-websocket-version" in headers else 400,
-            "bad_websocket_version",
-            "this server speaks WebSocket version 13; send Sec-WebSocket-Version: 13",
-        )
-    if not headers.get("sec-websocket-key"):
-        return error_response(
-            400, "bad_websocket_handshake", "the upgrade lacks Sec-WebSocket-Key; add it"
-        )
-    if headers.get("upgrade", "").lower() != "websocket":
-        return error_response(
-            400, "bad_websocket_handshake", "send exactly 'Upgrade: websocket' to open a WebSocket"
-        )
-    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
-        return error_response(
-            400, "bad_websocket_handshake", "a WebSocket upgrade must not have a body; drop it"
-        )
-    try:
-        host_ok = bool(headers.get("host", "").encode("latin-1").decode("idna"))
-    except UnicodeError:
-        host_ok = False
-    if not host_ok:
-        return error_response(400, "bad_host", "send a Host header with a valid host name")
-    return None
-
-
-def _declared_length(head: h11.Request) -> int | None:
-    for name, value in head.headers:
-        if name == b"content-length":
-            return int(value)  # h11 has checked it is digits, and one value
-    return None
-
-
-def _unsupported_version(version: bytes) -> HttpResponse:
-    return error_response(
-        505,
-        "http_version_not_supported",
-        f"this server speaks HTTP/1.1, not HTTP/{version.decode()}; "
-        "connect with HTTP/1.1 (or a WebSocket upgrade)",
-    )
-
-
-def _body_too_large(limit: int) -> HttpResponse:
-    return error_response(
-        413, "body_too_large", f"the request body is over {limit} bytes; send a smaller body"
-    )
-
-
-_FRAMING_HEADERS = frozenset({"content-length", "content-type", "transfer-encoding", "connection"})
-
-
-def _encode_response(
-    conn: h11.Connection, response: HttpResponse, *, close: bool, with_body: bool = True
-) -> bytes:
-    """The response's bytes; without its body (but with its length) when answering HEAD."""
-    headers = [
-        ("content-type", response.content_type),
-        ("content-length", str(len(response.body))),
-        *(
-            (name, value)
-            for name, value in response.headers
-            if name.lower() not in _FRAMING_HEADERS
-        ),
-    ]
-    if close:
-        headers.append(("connection", "close"))
-    parts = [
-        conn.send(h11.Response(status_code=response.status, headers=headers)),
-        conn.send(h11.Data(data=response.body)) if response.body and with_body else b"",
-        conn.send(h11.EndOfMessage()),
-    ]
-    return b"".join(part for part in parts if part)
