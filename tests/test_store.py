@@ -57,6 +57,7 @@ async def test_jobs_sent_before_close_commit_and_later_ones_fail(tmp_path: Path)
         writer = store._writer  # type: ignore[attr-defined]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(writer.run, lambda conn: release.wait(10))  # holds the writer busy
+            await trio.testing.wait_all_tasks_blocked()
             for i in range(20):
                 nursery.start_soon(store.execute, c.CreateProject(f"p{i}", f"/p{i}"))
             await trio.testing.wait_all_tasks_blocked()

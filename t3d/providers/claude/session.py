@@ -50,6 +50,9 @@ log = logging.getLogger("t3d.providers.claude")
 
 COALESCE_S = 0.05
 STDERR_TAIL = 8 * 1024
+# After the process exits, how long its stderr may still take to reach EOF (a child
+# of the CLI can hold the pipe open) before the exit is reported without the rest.
+STDERR_DRAIN_S = 1.0
 READ_CHUNK = 64 * 1024
 
 
@@ -69,16 +72,18 @@ class SessionSpec:
 
 
 class _Process:
-    def __init__(self, process: trio.Process, session_id: str) -> None:
+    def __init__(self, process: trio.Process, session_id: str, started_at: float) -> None:
         self.process = process
         self.session_id = session_id
+        self.started_at = started_at
         self.stderr_tail: deque[bytes] = deque()
         self.stderr_bytes = 0
         self.cost_so_far = 0.0
         self.forced_stop = False
+        self.stderr_closed = trio.Event()
 
-    def keep_stderr(self, chunk: bytes) -> None:
-        self.stderr_tail.append(chunk)
+    def keep_stderr(self, chunk: bytes | bytearray) -> None:
+        self.stderr_tail.append(bytes(chunk))
         self.stderr_bytes += len(chunk)
         while self.stderr_bytes - len(self.stderr_tail[0]) >= STDERR_TAIL:
             self.stderr_bytes -= len(self.stderr_tail.popleft())
@@ -101,7 +106,8 @@ class ClaudeSession:
         self._clock = clock
         self._proc: _Process | None = None
         self._turn: TurnMapper | None = None
-        self._requests: dict[str, dict[str, Any]] = {}
+        # Open prompts: domain request id -> (the CLI's request id, what answering needs).
+        self._requests: dict[str, tuple[str, dict[str, Any]]] = {}
         self._resume = spec.resume
         self._native_seen: str | None = None
         self._lock = trio.Lock()
@@ -176,16 +182,17 @@ class ClaudeSession:
             await stop_process(proc.process, grace=2.0)
 
     async def _answer(self, effect: ev.AnswerProviderRequest) -> None:
-        data = self._requests.pop(effect.request_id, None)
-        if data is None or self._proc is None:
+        request = self._requests.pop(effect.request_id, None)
+        if request is None or self._proc is None:
             return
+        cli_request_id, data = request
         if effect.decision in ("allow", "allow_session"):
-            line = proto.encode_permission_allow(effect.request_id, data.get("input") or {})
+            line = proto.encode_permission_allow(cli_request_id, data.get("input") or {})
         else:
             default = (
                 "Cancelled by the user." if effect.decision == "cancel" else "Denied by the user."
             )
-            line = proto.encode_permission_deny(effect.request_id, effect.message or default)
+            line = proto.encode_permission_deny(cli_request_id, effect.message or default)
         try:
             await self._send(line)
         except ProviderError:
@@ -205,7 +212,7 @@ class ClaudeSession:
 
     async def _start_process(self, nursery: trio.Nursery) -> _Process:
         process = await self._spawner.spawn(self._argv(), cwd=self.spec.cwd, env=self.spec.env)
-        proc = _Process(process, uuid.uuid4().hex)
+        proc = _Process(process, uuid.uuid4().hex, self._clock())
         await self._record_session(proc, status="running")
         nursery.start_soon(self._read_stderr, proc)
         nursery.start_soon(self._read_stdout, proc)
@@ -222,8 +229,13 @@ class ClaudeSession:
 
     async def _read_stderr(self, proc: _Process) -> None:
         assert proc.process.stderr is not None
-        async for chunk in proc.process.stderr:
-            proc.keep_stderr(chunk)
+        try:
+            async for chunk in proc.process.stderr:
+                proc.keep_stderr(chunk)
+        except trio.ClosedResourceError:
+            pass
+        finally:
+            proc.stderr_closed.set()
 
     async def _read_stdout(self, proc: _Process) -> None:
         assert proc.process.stdout is not None
@@ -238,6 +250,9 @@ class ClaudeSession:
         except trio.ClosedResourceError:
             pass
         code = await proc.process.wait()
+        # The last words on stderr are the ones that explain the exit.
+        with trio.move_on_after(STDERR_DRAIN_S):
+            await proc.stderr_closed.wait()
         await self._on_exit(proc, code)
 
     async def _stop_current(self) -> None:
@@ -254,12 +269,18 @@ class ClaudeSession:
         if self._proc is proc:
             self._proc = None
         stderr = proc.stderr_text()
+        turn = self._turn
+        ended = None if turn is None else self._exit_outcome(proc, code, stderr, turn)
+        if ended is not None:
+            self._adopt_native(ended)  # before the exit record, which stores it
         await self._record_session(
             proc, status="exited", exit_code=code, stderr_tail=stderr or None
         )
-        turn = self._turn
-        if turn is None:
-            return
+        if ended is not None:
+            await self._end_turn(ended)
+
+    def _exit_outcome(self, proc: _Process, code: int, stderr: str, turn: TurnMapper) -> TurnEnded:
+        """How the running turn ends when its process exits before the turn's `result`."""
         if proc.forced_stop:
             ended = TurnEnded(
                 "interrupted",
@@ -281,7 +302,7 @@ class ClaudeSession:
                 None,
                 None,
             )
-        await self._end_turn(ended)
+        return ended
 
     async def _record_session(
         self,
@@ -297,7 +318,7 @@ class ClaudeSession:
             thread_id=self.spec.thread_id,
             provider=self.spec.provider,
             status=status,  # type: ignore[arg-type]
-            started_at=now,
+            started_at=proc.started_at,
             native_session_id=self._resume,
             pid=proc.process.pid,
             exited_at=now if status == "exited" else None,
@@ -347,16 +368,26 @@ class ClaudeSession:
             else:
                 await self._stream(change.item)
         elif isinstance(change, PermissionAsked):
-            self._requests[change.request_id] = change.data
+            # Scoped by turn like item ids: the CLI's ids are unique per process only in
+            # practice, and a replayed (or looping) recording repeats them.
+            request_id = f"{turn.turn_id}:{change.request_id}"
+            self._requests[request_id] = (change.request_id, change.data)
             await self._commit(
-                c.OpenRequest(
-                    turn.turn_id, change.request_id, "permission", change.item, change.data
-                )
+                c.OpenRequest(turn.turn_id, request_id, "permission", change.item, change.data)
             )
         elif isinstance(change, SessionSeen):
             self._native_seen = change.native_session_id
         elif isinstance(change, TurnEnded):
             await self._end_turn(change)
+
+    def _adopt_native(self, ended: TurnEnded) -> bool:
+        """Resume the CLI's session from now on if this turn got an answer; True if that is news."""
+        if ended.status not in ("completed", "interrupted") or not self._native_seen:
+            return False  # only a session that answered is worth resuming
+        if self._native_seen == self._resume:
+            return False
+        self._resume = self._native_seen
+        return True
 
     async def _end_turn(self, ended: TurnEnded) -> None:
         turn = self._turn
@@ -367,8 +398,9 @@ class ClaudeSession:
         if ended.total_cost_usd is not None and proc is not None:  # the CLI reports a running total
             cost = max(0.0, ended.total_cost_usd - proc.cost_so_far)
             proc.cost_so_far = ended.total_cost_usd
-        if ended.status in ("completed", "interrupted") and self._native_seen:
-            self._resume = self._native_seen  # only a session that answered is worth resuming
+        if self._adopt_native(ended) and proc is not None:
+            # Stored now, not at exit: a daemon stopped mid-session never records an exit.
+            await self._record_session(proc, status="running")
         closing = tuple(
             attrs.evolve(
                 i,
@@ -391,30 +423,43 @@ class ClaudeSession:
 
     # --- coalescing and commits -------------------------------------------------------------
 
+    def _due_at(self, item_id: str) -> float:
+        return self._last_flush.get(item_id, -math.inf) + COALESCE_S
+
     async def _stream(self, item: TurnItem) -> None:
         self._pending[item.id] = item
-        if trio.current_time() - self._last_flush.get(item.id, -math.inf) >= COALESCE_S:
+        if trio.current_time() >= self._due_at(item.id):
             async with self._lock:
-                await self._flush_locked()
+                await self._flush_locked(due_only=True)
         else:
             self._dirty.set()
 
     async def _run_flusher(self) -> None:
+        # Sleeps until the earliest pending item is due, so no item is flushed sooner
+        # than COALESCE_S after its previous flush, whoever flushed it.
         while True:
             await self._dirty.wait()
             self._dirty = trio.Event()
-            await trio.sleep(COALESCE_S)
-            async with self._lock:
-                await self._flush_locked()
+            while self._pending:
+                due = min(self._due_at(item_id) for item_id in self._pending)
+                if due > trio.current_time():
+                    await trio.sleep_until(due)
+                async with self._lock:
+                    await self._flush_locked(due_only=True)
 
-    async def _flush_locked(self) -> None:
+    async def _flush_locked(self, *, due_only: bool = False) -> None:
+        """Record pending streaming items: all of them (before a commit, to keep order) or the due ones."""
         if not self._pending or self._turn is None:
             self._pending.clear()
             return
-        items = tuple(self._pending.values())
-        self._pending.clear()
         now = trio.current_time()
+        items = tuple(
+            item for item in self._pending.values() if not due_only or now >= self._due_at(item.id)
+        )
+        if not items:
+            return
         for item in items:
+            del self._pending[item.id]
             self._last_flush[item.id] = now
         await self._execute_quietly(c.RecordItems(self._turn.turn_id, items))
 
