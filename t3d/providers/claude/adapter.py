@@ -212,12 +212,11 @@ class TurnMapper:
         interrupted = e.terminal_reason == "aborted_streaming" or (
             self.interrupt_requested and e.subtype == "error_during_execution"
         )
-        if interrupted:
-            return [
-                TurnEnded(
-                    "interrupted", "interrupted by the user", "interrupt", usage, e.total_cost_usd
-                )
-            ]
+        if interrupted and self.interrupt_requested:
+            return [TurnEnded("interrupted", "interrupted by the user", "interrupt", usage, e.total_cost_usd)]
+        if interrupted:  # the CLI aborted the turn without being asked to
+            error = f"the provider aborted the turn ({e.terminal_reason or e.subtype})"
+            return [TurnEnded("interrupted", error, "provider_aborted", usage, e.total_cost_usd)]
         if e.is_error or e.subtype != "success":
             error = final_error_text(e) or self.last_error or e.subtype
             return [TurnEnded("failed", error, e.subtype, usage, e.total_cost_usd)]
