@@ -13,7 +13,12 @@ from t3d.providers.claude.adapter import (
 )
 from t3d.providers.claude.protocol import parse_line
 
-RECORDING = Path(__file__).resolve().parent.parent / "replay_fixtures" / "claude" / "claude-2.1.197_multiturn_tools.stdout.jsonl"
+RECORDING = (
+    Path(__file__).resolve().parent.parent
+    / "replay_fixtures"
+    / "claude"
+    / "claude-2.1.197_multiturn_tools.stdout.jsonl"
+)
 
 
 def _turns() -> list[list[bytes]]:
@@ -33,13 +38,22 @@ def _feed(mapper: TurnMapper, lines: list[bytes]) -> list[object]:
 def test_streamed_text_and_the_final_block_are_one_item() -> None:
     """Deltas and the complete assistant line of a block update the same item; the final one is marked final."""
     changes = _feed(TurnMapper("th", "tu", lambda: 0.0), _turns()[0])
-    texts = [c for c in changes if isinstance(c, ItemChanged) and c.item.kind == "assistant_message"]
+    texts = [
+        c for c in changes if isinstance(c, ItemChanged) and c.item.kind == "assistant_message"
+    ]
     by_id: dict[str, list[ItemChanged]] = {}
     for change in texts:
         by_id.setdefault(change.item.id, []).append(change)
-    assert [updates[-1].item.text for updates in by_id.values()] == ["I'll read the file.", "Done. The tool returned: 1\thello | 2\t"]
-    assert all(updates[-1].final and updates[-1].item.status == "completed" for updates in by_id.values())
-    assert all(i.id.startswith("tu:") for i in (c.item for c in texts)), "item ids are scoped by turn"
+    assert [updates[-1].item.text for updates in by_id.values()] == [
+        "I'll read the file.",
+        "Done. The tool returned: 1\thello | 2\t",
+    ]
+    assert all(
+        updates[-1].final and updates[-1].item.status == "completed" for updates in by_id.values()
+    )
+    assert all(i.id.startswith("tu:") for i in (c.item for c in texts)), (
+        "item ids are scoped by turn"
+    )
     assert any(isinstance(c, SessionSeen) for c in changes)
     assert isinstance(changes[-1], TurnEnded) and changes[-1].status == "completed"
 
@@ -48,8 +62,14 @@ def test_a_tool_call_appears_with_its_whole_input_then_its_result() -> None:
     """No tool item with empty input is emitted; the result completes it."""
     changes = _feed(TurnMapper("th", "tu", lambda: 0.0), _turns()[0])
     tools = [c.item for c in changes if isinstance(c, ItemChanged) and c.item.kind == "tool_call"]
-    assert tools[0].data is not None and tools[0].data["input"] == {"file_path": "/workspace/notes.txt"}
-    assert tools[-1].status == "completed" and tools[-1].data is not None and tools[-1].data["result"] == "1\thello\n2\t"
+    assert tools[0].data is not None and tools[0].data["input"] == {
+        "file_path": "/workspace/notes.txt"
+    }
+    assert (
+        tools[-1].status == "completed"
+        and tools[-1].data is not None
+        and tools[-1].data["result"] == "1\thello\n2\t"
+    )
 
 
 def test_a_permission_prompt_becomes_a_pending_approval() -> None:
@@ -67,6 +87,14 @@ def test_an_abort_nobody_asked_for_is_not_blamed_on_the_user() -> None:
     asked.interrupt_requested = True
     by_user = _feed(asked, interrupted_turn)[-1]
     assert isinstance(by_user, TurnEnded)
-    assert (by_user.status, by_user.error, by_user.reason) == ("interrupted", "interrupted by the user", "interrupt")
+    assert (by_user.status, by_user.error, by_user.reason) == (
+        "interrupted",
+        "interrupted by the user",
+        "interrupt",
+    )
     unasked = _feed(TurnMapper("th", "tu", lambda: 0.0), interrupted_turn)[-1]
-    assert isinstance(unasked, TurnEnded) and unasked.status == "interrupted" and unasked.reason == "provider_aborted"
+    assert (
+        isinstance(unasked, TurnEnded)
+        and unasked.status == "interrupted"
+        and unasked.reason == "provider_aborted"
+    )

@@ -13,6 +13,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from t3d.errors import ProtocolError
+from t3d.providers.claude.encode import (
+    build_argv,
+    encode_control_error,
+    encode_initialize,
+    encode_interrupt,
+    encode_permission_allow,
+    encode_permission_deny,
+    encode_set_model,
+    encode_set_permission_mode,
+    encode_user_message,
+)
 from t3d.providers.claude.events import (
     ApiRetry,
     AssistantMessage,
@@ -42,21 +53,8 @@ from t3d.providers.claude.events import (
     Unknown,
     UserMessage,
 )
-from t3d.providers.claude.protocol import (
-    LineBuffer,
-    LineTooLong,
-    build_argv,
-    encode_control_error,
-    encode_initialize,
-    encode_interrupt,
-    encode_permission_allow,
-    encode_permission_deny,
-    encode_set_model,
-    encode_set_permission_mode,
-    encode_user_message,
-    final_error_text,
-    parse_line,
-)
+from t3d.providers.claude.protocol import final_error_text, parse_line
+from t3d.providers.lines import LineBuffer, LineTooLong
 
 # -- recordings ----------------------------------------------------------------
 

@@ -213,7 +213,11 @@ class TurnMapper:
             self.interrupt_requested and e.subtype == "error_during_execution"
         )
         if interrupted and self.interrupt_requested:
-            return [TurnEnded("interrupted", "interrupted by the user", "interrupt", usage, e.total_cost_usd)]
+            return [
+                TurnEnded(
+                    "interrupted", "interrupted by the user", "interrupt", usage, e.total_cost_usd
+                )
+            ]
         if interrupted:  # the CLI aborted the turn without being asked to
             error = f"the provider aborted the turn ({e.terminal_reason or e.subtype})"
             return [TurnEnded("interrupted", error, "provider_aborted", usage, e.total_cost_usd)]

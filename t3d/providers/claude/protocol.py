@@ -1,17 +1,16 @@
-"""Sans-IO core of the Claude Code stream-json protocol (PROTOCOLS.md §1).
+"""CLI → host side of the Claude Code stream-json protocol (PROTOCOLS.md §1.3).
 
 Theory of operation
 -------------------
-The CLI reads one JSON object per line on stdin and writes one per line on
-stdout. This module does no I/O and keeps no session state:
+The CLI writes one JSON object per line on stdout. This module does no I/O
+and keeps no session state:
 
-* `LineBuffer` cuts stdout bytes, in whatever chunks they arrive, into lines.
 * `parse_line` turns one line into one event from `t3d.providers.claude.events`.
-* The ``encode_*`` functions turn what the host wants into one stdin line each.
-* `build_argv` gives the spawn line; `final_error_text` the message for a failed turn.
+* `final_error_text` gives the message for a failed turn.
 
-The adapter's driver owns the pipes: it feeds chunks, parses the lines it
-gets back, correlates ``request_id`` s and writes encoded lines.
+The session driver owns the pipes: it cuts stdout into lines with
+`t3d.providers.lines.LineBuffer`, parses them here, correlates
+``request_id`` s and writes the lines `t3d.providers.claude.encode` builds.
 
 Rules
 -----
@@ -21,19 +20,11 @@ Rules
   CLI release adds line types and fields, so tolerance is the compatible
   choice. An event that needs a correlation key (a ``request_id``, a block
   ``index``) and lacks it comes out as `Unknown`, because it cannot be acted on.
-* **Local errors.** Every encoder serialises with orjson, so its output is
-  one line of valid JSON or an exception at the call site (a value that is
-  not JSON). A malformed stdin line kills the CLI and its turn (§1.6), so
-  nothing here builds JSON by hand.
-* **Bounded.** `LineBuffer` holds at most ``max_line`` bytes of an unfinished
-  line. A longer line is discarded up to its newline and reported in place
-  as a `LineTooLong` item; the lines after it come out normally.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
 
 import orjson
 
@@ -72,104 +63,7 @@ from t3d.providers.claude.events import (
     Usage,
     UserMessage,
 )
-
-DEFAULT_MAX_LINE = 32 * 1024 * 1024
-"""Largest stdout line kept, in bytes. Hook output can reach tens of KB (§1.7)."""
-
-_PREVIEW_CHARS = 200
-
-
-def _preview(line: bytes) -> str:
-    """The start of ``line`` for an error message, readable whatever its bytes."""
-    text = line[: _PREVIEW_CHARS * 4].decode("utf-8", errors="replace")
-    suffix = "…" if len(text) > _PREVIEW_CHARS or len(line) > _PREVIEW_CHARS * 4 else ""
-    return repr(text[:_PREVIEW_CHARS]) + suffix
-
-
-# -- framing --------------------------------------------------------------------
-
-
-class LineTooLong(ProtocolError):
-    """A stdout line exceeded `LineBuffer`'s limit and was dropped.
-
-    `LineBuffer` returns this in the place of the line rather than raising
-    it, so the lines before and after it still come out. The caller decides:
-    log it and go on, or ``raise`` it to fail the session.
-    """
-
-    def __init__(self, length: int, limit: int, head: bytes) -> None:
-        super().__init__(
-            f"Claude Code wrote a stdout line of {length} bytes, over the limit of "
-            f"{limit} bytes, so it was dropped; it began {_preview(head)}. "
-            "Raise the line limit if such lines are expected."
-        )
-        self.length = length
-        self.limit = limit
-        self.head = head
-
-
-class LineBuffer:
-    """Newline framing for the CLI's stdout.
-
-    `feed` returns the lines completed by a chunk, without their ``\\n`` or
-    ``\\r\\n``, and keeps the unfinished tail. Empty lines are skipped.
-    ``max_line`` bounds the bytes before a newline (a ``\\r`` included); a
-    line over it is discarded as its bytes arrive, so memory stays bounded,
-    and comes out as a `LineTooLong` in its place.
-    """
-
-    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
-        if max_line < 1:
-            raise ValueError(f"max_line must be positive, not {max_line}")
-        self._max_line = max_line
-        self._partial = bytearray()
-        # While an over-long line is being discarded: its length so far, and
-        # its first bytes for the report. None otherwise.
-        self._dropped: int | None = None
-        self._dropped_head = b""
-
-    def feed(self, data: bytes | bytearray) -> list[bytes | LineTooLong]:
-        """Add ``data`` (as trio's ``receive_some`` returns it) and return every line it completes."""
-        lines: list[bytes | LineTooLong] = []
-        view = memoryview(data)
-        start = 0
-        while (end := data.find(b"\n", start)) != -1:
-            self._append(view[start:end])
-            line = self._take()
-            if line is not None:
-                lines.append(line)
-            start = end + 1
-        self._append(view[start:])
-        return lines
-
-    def eof(self) -> bytes | LineTooLong | None:
-        """The final line if the stream ended without a newline, else ``None``; resets the buffer."""
-        return self._take()
-
-    def _append(self, piece: memoryview) -> None:
-        if self._dropped is not None:
-            self._dropped += len(piece)
-            return
-        size = len(self._partial) + len(piece)
-        if size > self._max_line:
-            head = bytes(self._partial[:_PREVIEW_CHARS]) + bytes(piece[:_PREVIEW_CHARS])
-            self._dropped = size
-            self._dropped_head = head[:_PREVIEW_CHARS]
-            self._partial = bytearray()
-            return
-        self._partial += piece
-
-    def _take(self) -> bytes | LineTooLong | None:
-        if self._dropped is not None:
-            too_long = LineTooLong(self._dropped, self._max_line, self._dropped_head)
-            self._dropped = None
-            self._dropped_head = b""
-            return too_long
-        line = bytes(self._partial)
-        self._partial = bytearray()
-        line = line.removesuffix(b"\r")
-        return line or None
-
+from t3d.providers.lines import preview_line
 
 # -- defensive accessors ----------------------------------------------------------
 # Each returns the field when it has the expected JSON type, else a default.
@@ -260,12 +154,12 @@ def parse_line(line: bytes) -> ClaudeEvent:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(
-            f"Claude Code wrote a stdout line that is not valid JSON ({exc}): {_preview(line)}"
+            f"Claude Code wrote a stdout line that is not valid JSON ({exc}): {preview_line(line)}"
         ) from exc
     if not isinstance(obj, dict):
         raise ProtocolError(
             f"Claude Code wrote a JSON {type(obj).__name__} where an object was expected: "
-            f"{_preview(line)}"
+            f"{preview_line(line)}"
         )
     kind = _opt_str(obj, "type")
     parser = _PARSERS.get(kind) if kind is not None else None
@@ -497,121 +391,3 @@ def final_error_text(result: TurnResult) -> str | None:
     if result.errors:
         return "; ".join(result.errors)
     return result.subtype or "the turn failed with no error text"
-
-
-# -- encoding (host -> CLI) ---------------------------------------------------------
-
-
-def _line(obj: JsonObject) -> bytes:
-    return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
-
-
-def encode_user_message(text: str, session_id: str = "") -> bytes:
-    """A user turn. ``session_id`` may be ``""`` before the first ``init``."""
-    return _line(
-        {
-            "type": "user",
-            "message": {"role": "user", "content": text},
-            "parent_tool_use_id": None,
-            "session_id": session_id,
-        }
-    )
-
-
-def _control_request(request_id: str, request: JsonObject) -> bytes:
-    return _line({"type": "control_request", "request_id": request_id, "request": request})
-
-
-def encode_initialize(request_id: str) -> bytes:
-    """The optional ``initialize`` handshake; its response lists commands, models and the pid."""
-    return _control_request(request_id, {"subtype": "initialize", "hooks": None})
-
-
-def encode_interrupt(request_id: str) -> bytes:
-    """Stop the running turn; it ends with an ``error_during_execution`` result."""
-    return _control_request(request_id, {"subtype": "interrupt"})
-
-
-def encode_set_permission_mode(request_id: str, mode: str) -> bytes:
-    """Switch the permission mode (``default``, ``acceptEdits``, ``plan``, …)."""
-    return _control_request(request_id, {"subtype": "set_permission_mode", "mode": mode})
-
-
-def encode_set_model(request_id: str, model: str) -> bytes:
-    """Switch the model for later API calls (an alias such as ``sonnet`` or a full name)."""
-    return _control_request(request_id, {"subtype": "set_model", "model": model})
-
-
-def _control_success(request_id: str, response: JsonObject) -> bytes:
-    return _line(
-        {
-            "type": "control_response",
-            "response": {"subtype": "success", "request_id": request_id, "response": response},
-        }
-    )
-
-
-def encode_permission_allow(request_id: str, updated_input: Mapping[str, Any]) -> bytes:
-    """Allow a ``can_use_tool`` request; pass the request's ``input`` unless editing it."""
-    return _control_success(request_id, {"behavior": "allow", "updatedInput": dict(updated_input)})
-
-
-def encode_permission_deny(request_id: str, message: str) -> bytes:
-    """Deny a ``can_use_tool`` request; ``message`` goes to the model as the tool's error."""
-    return _control_success(request_id, {"behavior": "deny", "message": message})
-
-
-def encode_control_error(request_id: str, message: str) -> bytes:
-    """Refuse a CLI control request the host cannot serve."""
-    return _line(
-        {
-            "type": "control_response",
-            "response": {"subtype": "error", "request_id": request_id, "error": message},
-        }
-    )
-
-
-# -- spawning ---------------------------------------------------------------------------
-
-_BASE_FLAGS = (
-    "--output-format",
-    "stream-json",
-    "--verbose",
-    "--input-format",
-    "stream-json",
-    "--include-partial-messages",
-    "--permission-prompt-tool",
-    "stdio",
-)
-
-
-def build_argv(
-    binary: str,
-    *,
-    model: str | None = None,
-    permission_mode: str | None = None,
-    resume: str | None = None,
-    session_id: str | None = None,
-    extra: Sequence[str] = (),
-) -> list[str]:
-    """The argv of a long-lived, SDK-style session process (PROTOCOLS.md §0, §4).
-
-    No ``-p``: stdin being a pipe is enough. ``resume`` continues a saved
-    session; ``session_id`` fixes the id of a new one; the two exclude each
-    other. ``extra`` is appended as is (``--mcp-config``, ``--add-dir``, …).
-    """
-    if resume is not None and session_id is not None:
-        raise ValueError("pass either resume or session_id, not both")
-    if isinstance(extra, str):
-        raise TypeError("extra must be a sequence of arguments, not one string")
-    argv = [binary, *_BASE_FLAGS]
-    if permission_mode is not None:
-        argv += ["--permission-mode", permission_mode]
-    if model is not None:
-        argv += ["--model", model]
-    if resume is not None:
-        argv += ["--resume", resume]
-    if session_id is not None:
-        argv += ["--session-id", session_id]
-    argv.extend(extra)
-    return argv

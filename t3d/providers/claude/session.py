@@ -20,6 +20,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import uuid
@@ -35,7 +36,6 @@ from t3d.domain import events as ev
 from t3d.domain.model import ProviderSession, TurnItem
 from t3d.errors import DomainError, ProtocolError, ProviderError, SpawnerError
 from t3d.providers.claude import events as ce
-from t3d.providers.claude import protocol as proto
 from t3d.providers.claude.adapter import (
     Change,
     ItemChanged,
@@ -44,6 +44,16 @@ from t3d.providers.claude.adapter import (
     TurnEnded,
     TurnMapper,
 )
+from t3d.providers.claude.encode import (
+    build_argv,
+    encode_control_error,
+    encode_interrupt,
+    encode_permission_allow,
+    encode_permission_deny,
+    encode_user_message,
+)
+from t3d.providers.claude.protocol import parse_line
+from t3d.providers.lines import LineBuffer, LineTooLong
 from t3d.spawn.process import Spawner, stop_process
 
 log = logging.getLogger("t3d.providers.claude")
@@ -148,7 +158,7 @@ class ClaudeSession:
         try:
             if self._proc is None:
                 self._proc = await self._start_process(nursery)
-            await self._send(proto.encode_user_message(effect.text, self._native_seen or ""))
+            await self._send(encode_user_message(effect.text, self._native_seen or ""))
         except (SpawnerError, ProviderError) as exc:
             await self._end_turn(
                 TurnEnded(
@@ -164,10 +174,9 @@ class ClaudeSession:
             return
         turn.interrupt_requested = True
         self._control_ids += 1
-        try:
-            await self._send(proto.encode_interrupt(f"t3d_interrupt_{self._control_ids}"))
-        except ProviderError:
-            pass  # the process is going away; its exit ends the turn
+        # If the process is going away, its exit ends the turn.
+        with contextlib.suppress(ProviderError):
+            await self._send(encode_interrupt(f"t3d_interrupt_{self._control_ids}"))
         nursery.start_soon(self._escalate_interrupt, turn, self._proc)
 
     async def _escalate_interrupt(self, turn: TurnMapper, proc: _Process) -> None:
@@ -187,22 +196,20 @@ class ClaudeSession:
             return
         cli_request_id, data = request
         if effect.decision in ("allow", "allow_session"):
-            line = proto.encode_permission_allow(cli_request_id, data.get("input") or {})
+            line = encode_permission_allow(cli_request_id, data.get("input") or {})
         else:
             default = (
                 "Cancelled by the user." if effect.decision == "cancel" else "Denied by the user."
             )
-            line = proto.encode_permission_deny(cli_request_id, effect.message or default)
-        try:
+            line = encode_permission_deny(cli_request_id, effect.message or default)
+        with contextlib.suppress(ProviderError):
             await self._send(line)
-        except ProviderError:
-            pass
 
     # --- the process -------------------------------------------------------------------
 
     def _argv(self) -> list[str]:
         binary, *prefix_args = self.spec.argv
-        argv = proto.build_argv(
+        argv = build_argv(
             binary,
             model=self.spec.model,
             permission_mode=self.spec.permission_mode,
@@ -239,7 +246,7 @@ class ClaudeSession:
 
     async def _read_stdout(self, proc: _Process) -> None:
         assert proc.process.stdout is not None
-        lines = proto.LineBuffer()
+        lines = LineBuffer()
         try:
             async for chunk in proc.process.stdout:
                 for line in lines.feed(chunk):
@@ -329,12 +336,12 @@ class ClaudeSession:
 
     # --- lines → domain ------------------------------------------------------------------
 
-    async def _on_line(self, line: bytes | proto.LineTooLong) -> None:
-        if isinstance(line, proto.LineTooLong):
+    async def _on_line(self, line: bytes | LineTooLong) -> None:
+        if isinstance(line, LineTooLong):
             log.warning("thread %s: %s", self.spec.thread_id, line)
             return
         try:
-            event = proto.parse_line(line)
+            event = parse_line(line)
         except ProtocolError as exc:
             log.warning("thread %s: ignored a provider line: %s", self.spec.thread_id, exc)
             return
@@ -342,9 +349,7 @@ class ClaudeSession:
             event, ce.ControlRequested
         ):  # a request we do not serve: answer so it never hangs
             await self._send_quietly(
-                proto.encode_control_error(
-                    event.request_id, f"t3d does not support {event.subtype!r}"
-                )
+                encode_control_error(event.request_id, f"t3d does not support {event.subtype!r}")
             )
             return
         if self._turn is None:
@@ -353,10 +358,8 @@ class ClaudeSession:
             await self._apply(change)
 
     async def _send_quietly(self, line: bytes) -> None:
-        try:
+        with contextlib.suppress(ProviderError):
             await self._send(line)
-        except ProviderError:
-            pass
 
     async def _apply(self, change: Change) -> None:
         turn = self._turn
