@@ -102,9 +102,14 @@ def _host(name: str, raw: str) -> str:
 
 
 def _abs_path(name: str, raw: str) -> Path:
-    path = Path(raw).expanduser()
     if not raw.strip():
         raise ConfigError(f"{name} is empty; give a directory path")
+    try:
+        path = Path(raw).expanduser()
+    except RuntimeError:  # "~user" for a user this host does not know
+        raise ConfigError(
+            f"{name}={raw!r} starts with a ~ whose home directory is unknown; give an absolute path"
+        ) from None
     return path.absolute()
 
 

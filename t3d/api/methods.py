@@ -35,9 +35,16 @@ RUNTIME_MODES = ("approval-required", "auto-accept-edits", "full-access")
 
 Method = Callable[[Params], Awaitable[Any]]
 
-
 def _mint() -> str:
     return uuid.uuid4().hex
+
+
+def _absolute_path(raw: str) -> str:
+    """``raw`` normalized (no trailing slash, no ``..``); a relative path is refused. Pure."""
+    path = os.path.normpath(raw)
+    if not os.path.isabs(path):
+        raise RpcError(DOMAIN_CODES["invalid"], f"path {path!r} is not absolute; pass the project's absolute directory path")
+    return path
 
 
 def _sequence(committed: Committed) -> int | None:
@@ -66,7 +73,11 @@ class Methods:
         handler = self.table.get(method)
         if handler is None:
             raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}; server.hello lists the methods")
-        return await handler(Params(params))
+        p = Params(params)
+        # Checked with the method's own params, so one error names every bad field
+        # (read methods ignore it).
+        p.opt_str("command_id", max_len=200)
+        return await handler(p)
 
     async def _execute(self, p: Params, command: c.Command) -> Committed:
         try:
@@ -89,11 +100,8 @@ class Methods:
         path = p.str("path")
         title = p.opt_str("title", max_len=500)
         project_id = p.opt_str("project_id", max_len=200) or _mint()
-        p.opt_str("command_id", max_len=200)
         p.check()
-        path = os.path.normpath(path)
-        if not os.path.isabs(path):
-            raise RpcError(DOMAIN_CODES["invalid"], f"path {path!r} is not absolute; pass the project's absolute directory path")
+        path = _absolute_path(path)
         if not await trio.Path(path).is_dir():
             raise RpcError(DOMAIN_CODES["invalid"], f"path {path!r} is not a directory on this host; create it first or pass an existing directory")
         committed = await self._execute(p, c.CreateProject(project_id, path, title))
