@@ -90,7 +90,26 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-async def main(args: argparse.Namespace) -> None:
+async def drive(args: argparse.Namespace, port: int, token: str, project: Path) -> None:
+    stop = trio.Event()
+    health: list[float] = []
+    turns: list[float] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(probe, port, stop, health)
+        for _ in range(args.sessions):
+            nursery.start_soon(session, port, token, project, args.think, stop, turns)
+        await trio.sleep(args.seconds)
+        stop.set()
+        nursery.cancel_scope.deadline = trio.current_time() + 15
+    final = orjson.loads((await _http_get(port, "/api/health")).split(b"\r\n\r\n", 1)[1])
+    print(f"sessions={args.sessions} window={args.seconds}s speed={args.speed} think={args.think}s")
+    print(f"turns completed: {len(turns)}; turn p50 {statistics.median(turns):.2f}s" if turns else "turns completed: 0")
+    print(f"health: n={len(health)} p50={statistics.median(health):.2f}ms p99={_percentile(health, 0.99):.2f}ms max={max(health):.2f}ms")
+    print(f"daemon loop lag (last 10 s): {final['loop_lag_ms']}")
+
+
+def main(args: argparse.Namespace) -> None:
+    """Start a daemon on a fresh state dir, drive it, stop it."""
     state = Path(tempfile.mkdtemp(prefix="t3d-bench-"))
     project = state / "project"
     project.mkdir()
@@ -99,24 +118,11 @@ async def main(args: argparse.Namespace) -> None:
     daemon = subprocess.Popen(cmd, stderr=subprocess.PIPE, env=env, text=True)
     try:
         assert daemon.stderr is not None
-        line = daemon.stderr.readline()
-        port = int(re.search(r":(\d+)$", line.strip()).group(1))  # type: ignore[union-attr]
+        found = re.search(r":(\d+)$", daemon.stderr.readline().strip())
+        if found is None:
+            raise SystemExit("the daemon did not print its URL; see its stderr")
         token = (state / "auth" / "token").read_text().strip()
-        stop = trio.Event()
-        health: list[float] = []
-        turns: list[float] = []
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(probe, port, stop, health)
-            for _ in range(args.sessions):
-                nursery.start_soon(session, port, token, project, args.think, stop, turns)
-            await trio.sleep(args.seconds)
-            stop.set()
-            nursery.cancel_scope.deadline = trio.current_time() + 15
-        final = orjson.loads((await _http_get(port, "/api/health")).split(b"\r\n\r\n", 1)[1])
-        print(f"sessions={args.sessions} window={args.seconds}s speed={args.speed} think={args.think}s")
-        print(f"turns completed: {len(turns)}; turn p50 {statistics.median(turns):.2f}s" if turns else "turns completed: 0")
-        print(f"health: n={len(health)} p50={statistics.median(health):.2f}ms p99={_percentile(health, 0.99):.2f}ms max={max(health):.2f}ms")
-        print(f"daemon loop lag (last 10 s): {final['loop_lag_ms']}")
+        trio.run(drive, args, int(found.group(1)), token, project)
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
@@ -128,4 +134,4 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--think", type=float, default=1.0)
-    trio.run(main, parser.parse_args())
+    main(parser.parse_args())

@@ -10,6 +10,7 @@ one broken agent never takes the daemon down.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -81,7 +82,7 @@ class Sessions:
             return None
         thread, project, resume = context
         cwd = thread.get("worktree_path") or project["path"]
-        if not os.path.isdir(cwd):
+        if not await trio.Path(cwd).is_dir():
             await self._fail_turn(effect.turn_id, f"the project directory {cwd} does not exist; recreate it or create the project again with an existing path", "bad_cwd")
             return None
         spec = self._spec(thread, cwd, resume)
@@ -125,10 +126,8 @@ class Sessions:
                 del self._live[spec.thread_id]
 
     async def _fail_turn(self, turn_id: str, error: str, reason: str) -> None:
-        try:
+        with contextlib.suppress(DomainError):  # the turn ended or went away meanwhile
             await self._store.execute(c.FinishTurn(turn_id, "failed", error, reason))
-        except DomainError:
-            pass
 
     async def stop_all(self) -> None:
         for thread_id in list(self._live):

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import trio
-
 from harness import new_thread, open_client, run_turn, start_daemon
 
 

@@ -231,7 +231,7 @@ class WsConnection:
     async def _read_snapshot(self, sub: Subscription) -> dict[str, Any]:
         if sub.thread_id is None:
             return await self.app.methods.store_shell()
-        return await self.app.methods.snapshot(sub.thread_id, sub.turn_limit, None)  # type: ignore[no-any-return]
+        return await self.app.methods.snapshot(sub.thread_id, sub.turn_limit, None)
 
     async def _send_snapshot(self, sub: Subscription, snapshot: dict[str, Any]) -> None:
         seq = snapshot["sequence"]

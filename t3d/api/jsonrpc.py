@@ -57,9 +57,8 @@ def parse_request(frame: str | bytes) -> Request:
     if not isinstance(message, dict):
         raise RpcError(INVALID_REQUEST, "the frame is not a JSON object; send one JSON-RPC 2.0 request object per frame (batches are not supported)")
     request_id = message.get("id")
-    if not isinstance(request_id, (str, int)) or isinstance(request_id, bool):
-        if request_id is not None:
-            raise RpcError(INVALID_REQUEST, "id must be a string or an integer")
+    if request_id is not None and (not isinstance(request_id, (str, int)) or isinstance(request_id, bool)):
+        raise RpcError(INVALID_REQUEST, "id must be a string or an integer")
     if message.get("jsonrpc") != "2.0":
         raise RpcError(INVALID_REQUEST, 'the request lacks "jsonrpc": "2.0"', request_id=request_id)
     method = message.get("method")

@@ -151,10 +151,10 @@ class Methods:
         p.check()
         return await self.snapshot(thread_id, turn_limit, before)
 
-    async def store_shell(self) -> Any:
+    async def store_shell(self) -> dict[str, Any]:
         return await self._store.shell()
 
-    async def snapshot(self, thread_id: str, turn_limit: int, before: int | None) -> Any:
+    async def snapshot(self, thread_id: str, turn_limit: int, before: int | None) -> dict[str, Any]:
         snapshot = await self._store.snapshot(thread_id, turn_limit, before)
         if snapshot is None:
             raise RpcError(NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")

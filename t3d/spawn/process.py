@@ -9,6 +9,7 @@ pipes are inherited).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,10 +43,8 @@ class DirectSpawner:
 
 def signal_group(process: trio.Process, sig: int) -> None:
     """Signal the child's whole process group; a group already gone is fine."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 async def stop_process(process: trio.Process, *, grace: float = 5.0) -> int:

@@ -17,6 +17,7 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -127,10 +128,8 @@ class WriterThread:
             error = exc
             log.critical("database writer thread died", exc_info=exc)
         finally:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):  # the loop is gone: nobody to tell
                 self._token.run_sync_soon(self._finished, error)
-            except trio.RunFinishedError:
-                pass
 
     def _serve(self, conn: apsw.Connection) -> None:
         while True:
