@@ -2,7 +2,7 @@
 
 Job: stand in for the real CLI in tests and benchmarks. It accepts the real CLI's flags,
 speaks the stream-json protocol on stdin/stdout, and replays one recording (format:
-``replay_fixtures/README.md`` and ``/work/shared/providers/fixtures/README.md``).
+``replay_fixtures/README.md``).
 
 Rules:
 

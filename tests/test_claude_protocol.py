@@ -62,20 +62,7 @@ _MULTITURN = "claude-2.1.197_multiturn_tools"
 _SESSION = "60944ebc-54c1-4013-a3d5-b449711c64f6"
 
 
-def _fixture_dir() -> Path | None:
-    """The recordings: the packaged copy, else the shared originals."""
-    candidates = [
-        Path(__file__).parent.parent / "replay_fixtures" / "claude",
-        Path("/work/shared/providers/fixtures/claude"),
-    ]
-    for candidate in candidates:
-        if (candidate / f"{_MULTITURN}.stdout.jsonl").is_file():
-            return candidate
-    return None
-
-
-FIXTURES = _fixture_dir()
-needs_fixtures = pytest.mark.skipif(FIXTURES is None, reason="Claude recordings not found")
+FIXTURES = Path(__file__).parent.parent / "replay_fixtures" / "claude"
 
 
 def _lines(name: str) -> list[bytes]:
@@ -104,7 +91,6 @@ def _recorded_stdout_lines() -> Iterator[tuple[str, bytes]]:
                 yield path.name, line
 
 
-@needs_fixtures
 def test_every_recorded_stdout_line_parses_to_a_modelled_event() -> None:
     # The 2.1.197 recordings hold no line type this parser leaves unmodelled.
     count = 0
@@ -115,7 +101,6 @@ def test_every_recorded_stdout_line_parses_to_a_modelled_event() -> None:
     assert count > 300
 
 
-@needs_fixtures
 def test_streamed_deltas_add_up_to_each_assistant_block() -> None:
     events = _events(_MULTITURN)
     texts: dict[tuple[str, int], str] = {}
@@ -149,7 +134,6 @@ def test_streamed_deltas_add_up_to_each_assistant_block() -> None:
     assert len(_of(TextDelta, events)) + len(_of(ToolInputDelta, events)) == 66
 
 
-@needs_fixtures
 def test_multiturn_turns_tools_and_permissions() -> None:
     events = _events(_MULTITURN)
 
@@ -217,7 +201,6 @@ def test_multiturn_turns_tools_and_permissions() -> None:
     assert _of(StatusChanged, events)[0] == StatusChanged("requesting", None)
 
 
-@needs_fixtures
 def test_multiturn_control_responses_and_results() -> None:
     events = _events(_MULTITURN)
 
@@ -262,7 +245,6 @@ def test_multiturn_control_responses_and_results() -> None:
     assert not partial.aborted  # 2.1.197 does not flag the partial message
 
 
-@needs_fixtures
 def test_api_failures_are_error_results_with_their_text() -> None:
     events = _events("claude-2.1.197_http400")
     (message,) = _of(AssistantMessage, events)
@@ -302,7 +284,6 @@ def test_not_logged_in_result_gives_its_text() -> None:
     assert final_error_text(result) == "Not logged in · Please run /login"
 
 
-@needs_fixtures
 def test_one_shot_recordings() -> None:
     events = _events("claude-2.1.197_flags_sessionid_model_mcp")
     (init,) = _of(SystemInit, events)
@@ -334,7 +315,6 @@ def test_one_shot_recordings() -> None:
     assert {e.session_id for e in _of(SystemInit, events) + _of(TurnResult, events)} == {_SESSION}
 
 
-@needs_fixtures
 def test_error_paths_log_lines() -> None:
     # stdout in this log is cut at about 600 characters: the cut lines must be
     # refused cleanly, and the whole ones must parse.
@@ -354,7 +334,6 @@ def test_error_paths_log_lines() -> None:
     assert cut >= 2
 
 
-@needs_fixtures
 def test_encoders_reproduce_every_recorded_stdin_line() -> None:
     # Byte for byte: the recording host wrote exactly these lines.
     assert FIXTURES is not None
@@ -566,7 +545,6 @@ _ONE_OF_EACH_LINE = sorted(
 )
 
 
-@needs_fixtures
 @given(st.data())
 def test_damaged_recorded_lines_still_parse(data: st.DataObject) -> None:
     # Real lines with fields deleted or replaced by random JSON: the shapes a
@@ -847,7 +825,6 @@ def test_build_argv() -> None:
     ]
 
 
-@needs_fixtures
 def test_build_argv_matches_the_recorded_spawn() -> None:
     assert FIXTURES is not None
     meta = orjson.loads((FIXTURES / f"{_MULTITURN}.meta.json").read_bytes())
