@@ -66,7 +66,6 @@ FIXTURES = Path(__file__).parent.parent / "replay_fixtures" / "claude"
 
 
 def _lines(name: str) -> list[bytes]:
-    assert FIXTURES is not None
     return (FIXTURES / name).read_bytes().splitlines()
 
 
@@ -84,7 +83,6 @@ def _of(kind: type[Any], events: list[ClaudeEvent]) -> list[Any]:
 
 
 def _recorded_stdout_lines() -> Iterator[tuple[str, bytes]]:
-    assert FIXTURES is not None
     for path in sorted(FIXTURES.glob("*.jsonl")):
         for line in path.read_bytes().splitlines():
             if not line.startswith(b">>> "):
@@ -336,7 +334,6 @@ def test_error_paths_log_lines() -> None:
 
 def test_encoders_reproduce_every_recorded_stdin_line() -> None:
     # Byte for byte: the recording host wrote exactly these lines.
-    assert FIXTURES is not None
     written = 0
     for path in sorted(FIXTURES.glob("*.jsonl")):
         for line in path.read_bytes().splitlines():
@@ -826,7 +823,6 @@ def test_build_argv() -> None:
 
 
 def test_build_argv_matches_the_recorded_spawn() -> None:
-    assert FIXTURES is not None
     meta = orjson.loads((FIXTURES / f"{_MULTITURN}.meta.json").read_bytes())
     assert build_argv("claude", permission_mode="default") == meta["argv"]
 
