@@ -86,7 +86,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         trio.run(_serve, settings)
     except BaseException as exc:
-        return _exit_status(_leaf(exc), settings)
+        return _exit_status(_leaf(exc))
     return 0
 
 
@@ -97,19 +97,12 @@ def _leaf(exc: BaseException) -> BaseException:
     return exc
 
 
-def _exit_status(exc: BaseException, settings: Settings) -> int:
+def _exit_status(exc: BaseException) -> int:
     if isinstance(exc, ConfigError):
         print(f"t3d: {exc}", file=sys.stderr)
         return 2
     if isinstance(exc, T3dError):
-        logging.getLogger("t3d").critical("stopped: %s", exc)
-        return 1
-    if isinstance(exc, OSError):
-        print(
-            f"t3d: could not listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
-            "pick another --port or stop the other server",
-            file=sys.stderr,
-        )
+        print(f"t3d: stopped: {exc}", file=sys.stderr)
         return 1
     if isinstance(exc, KeyboardInterrupt):
         return 0

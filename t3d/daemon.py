@@ -78,7 +78,6 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                             "readers_busy": stats.readers_busy,
                             "sessions": sessions.count,
                             "connections": transport.statistics().open_connections,
-                            "admission": "open",
                         },
                     )
 

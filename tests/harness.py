@@ -119,7 +119,9 @@ class RpcClient:
 async def open_client(daemon: Daemon, *, token: str | None = None) -> AsyncIterator[RpcClient]:
     """A WebSocket client, closed (before the daemon stops) when the block ends."""
     headers = [("Authorization", f"Bearer {token or daemon.token}")]
-    async with trio_websocket.open_websocket("127.0.0.1", daemon.info.port, "/ws", use_ssl=False, extra_headers=headers) as ws:
+    async with trio_websocket.open_websocket(
+        "127.0.0.1", daemon.info.port, "/ws", use_ssl=False, extra_headers=headers, max_message_size=64 * 1024 * 1024
+    ) as ws:
         yield RpcClient(ws)
 
 

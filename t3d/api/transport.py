@@ -67,6 +67,10 @@ _PEER_ENDINGS = (
 )
 
 
+class ListenError(T3dError):
+    """The port could not be bound (in use, not permitted, no such address)."""
+
+
 @attrs.frozen
 class TransportLimits:
     """The bounds every connection lives within, each with its policy at the bound."""
@@ -153,7 +157,13 @@ async def serve_api_transport(
     With port 0 and a host name that resolves to several addresses, only the
     first address is served, since the kernel would pick a different port for each.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    try:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise ListenError(
+            f"could not listen on {host}:{port}: {exc.strerror or exc}; "
+            "pick another --port (or T3D_PORT) or stop the server that holds it"
+        ) from exc
     if port == 0:
         await _close_all(listeners[1:])
         del listeners[1:]
