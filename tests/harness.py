@@ -73,6 +73,12 @@ class RpcClient:
         self.ws = ws
         self._ids = itertools.count(1)
         self.notifications: deque[dict[str, Any]] = deque()
+        self._seen: list[dict[str, Any]] | None = None
+
+    def record_events(self) -> list[dict[str, Any]]:
+        """From now on, every event `wait_event` reads, whichever it returns, is kept in the list returned."""
+        self._seen = []
+        return self._seen
 
     async def send_raw(self, frame: str) -> None:
         await self.ws.send_message(frame)
@@ -111,7 +117,11 @@ class RpcClient:
         """The next ``event`` notification whose data satisfies ``predicate``."""
         while True:
             note = await self.next_notification()
-            if note["kind"] == "event" and predicate(note["data"]):
+            if note["kind"] != "event":
+                continue
+            if self._seen is not None:
+                self._seen.append(note["data"])
+            if predicate(note["data"]):
                 return note["data"]
 
 

@@ -12,7 +12,6 @@ import itertools
 import json
 import stat
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import trio
 from harness import (
     FIXTURES,
     TEST_FIXTURES,
-    RpcClient,
     http,
     new_thread,
     open_client,
@@ -45,22 +43,6 @@ def fake_claude(tmp_path: Path, mode: str) -> tuple[str, Path]:
     )
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return str(script), state
-
-
-def record_events(client: RpcClient) -> list[Json]:
-    """Every event the client reads from now on, including `session.updated` (no turn id)."""
-    seen: list[Json] = []
-
-    async def wait_event(predicate: Callable[[Json], bool]) -> Json:
-        while True:
-            note = await client.next_notification()
-            if note["kind"] == "event":
-                seen.append(note["data"])
-                if predicate(note["data"]):
-                    return note["data"]
-
-    client.wait_event = wait_event  # type: ignore[method-assign]
-    return seen
 
 
 def sessions(seen: list[Json]) -> dict[str, Json]:
@@ -94,7 +76,7 @@ async def test_an_interrupt_the_provider_ignores_is_enforced(
             nursery, tmp_path / "state", claude_bin=binary, interrupt_timeout=0.5
         )
         async with open_client(daemon) as client:
-            seen = record_events(client)
+            seen = client.record_events()
             thread_id = await new_thread(client, project(tmp_path), provider="claude")
             asked_at: list[float] = []
 
@@ -137,7 +119,7 @@ async def test_a_provider_crash_fails_the_turn_with_its_stderr(
         binary, _ = fake_claude(tmp_path, "crash")
         daemon = await start_daemon(nursery, tmp_path / "state", claude_bin=binary)
         async with open_client(daemon) as client:
-            seen = record_events(client)
+            seen = client.record_events()
             thread_id = await new_thread(client, project(tmp_path), provider="claude")
             outcome = await run_turn(client, thread_id, "please crash")
             assert outcome.turn["status"] == "failed"
@@ -252,7 +234,7 @@ async def test_a_restarted_daemon_resumes_the_native_session(tmp_path: Path) -> 
         async with trio.open_nursery() as first:
             daemon = await start_daemon(first, state)
             async with open_client(daemon) as client:
-                seen = record_events(client)
+                seen = client.record_events()
                 thread_id = await new_thread(client, project(tmp_path))
                 before = await run_turn(client, thread_id, "Please READ notes.txt")
                 assert before.turn["status"] == "completed"
@@ -263,7 +245,7 @@ async def test_a_restarted_daemon_resumes_the_native_session(tmp_path: Path) -> 
         async with trio.open_nursery() as second:
             daemon = await start_daemon(second, state)
             async with open_client(daemon) as client:
-                seen = record_events(client)
+                seen = client.record_events()
                 await client.call("subscribe.thread", thread_id=thread_id)
                 after = await run_turn(client, thread_id, "Please READ notes.txt")
                 assert after.turn["status"] == "completed"
@@ -301,7 +283,7 @@ async def test_stderr_that_outlives_the_process_still_explains_the_exit(
         binary, _ = fake_claude(tmp_path, "crash-late-stderr")
         daemon = await start_daemon(nursery, tmp_path / "state", claude_bin=binary)
         async with open_client(daemon) as client:
-            seen = record_events(client)
+            seen = client.record_events()
             thread_id = await new_thread(client, project(tmp_path), provider="claude")
             outcome = await run_turn(client, thread_id, "please crash")
         assert outcome.turn["status"] == "failed"

@@ -142,22 +142,6 @@ def costs(turns: list[RecordedTurn]) -> list[float]:
 # -- watching the daemon ------------------------------------------------------------------
 
 
-def record_events(client: RpcClient) -> list[Json]:
-    """Every event the client reads from now on, whichever turn it belongs to (sessions too)."""
-    seen: list[Json] = []
-
-    async def wait_event(predicate: Callable[[Json], bool]) -> Json:
-        while True:
-            note = await client.next_notification()
-            if note["kind"] == "event":
-                seen.append(note["data"])
-                if predicate(note["data"]):
-                    return note["data"]
-
-    client.wait_event = wait_event  # type: ignore[method-assign]
-    return seen
-
-
 async def catch_up(client: RpcClient, seen: list[Json], sequence: int) -> None:
     """Read events until the one committed at ``sequence`` (a snapshot's) has arrived."""
     while not seen or seen[-1]["sequence"] < sequence:
@@ -259,7 +243,7 @@ async def replay_multiturn(
     meta = read_meta(MULTITURN)  # prompts and policy; a variant of it has no meta file of its own
     daemon = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(recording))
     async with open_client(daemon) as client:
-        seen = record_events(client)
+        seen = client.record_events()
         thread_id = await new_thread(client, project)
         outcomes = await play_all_turns(client, thread_id, turns, meta)
 

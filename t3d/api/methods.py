@@ -35,6 +35,7 @@ RUNTIME_MODES = ("approval-required", "auto-accept-edits", "full-access")
 
 Method = Callable[[Params], Awaitable[Any]]
 
+
 def _mint() -> str:
     return uuid.uuid4().hex
 
@@ -43,7 +44,10 @@ def _absolute_path(raw: str) -> str:
     """``raw`` normalized (no trailing slash, no ``..``); a relative path is refused. Pure."""
     path = os.path.normpath(raw)
     if not os.path.isabs(path):
-        raise RpcError(DOMAIN_CODES["invalid"], f"path {path!r} is not absolute; pass the project's absolute directory path")
+        raise RpcError(
+            DOMAIN_CODES["invalid"],
+            f"path {path!r} is not absolute; pass the project's absolute directory path",
+        )
     return path
 
 
@@ -72,18 +76,26 @@ class Methods:
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         handler = self.table.get(method)
         if handler is None:
-            raise RpcError(METHOD_NOT_FOUND, f"unknown method {method!r}; server.hello lists the methods")
+            raise RpcError(
+                METHOD_NOT_FOUND, f"unknown method {method!r}; server.hello lists the methods"
+            )
         p = Params(params)
         # Checked with the method's own params, so one error names every bad field
         # (read methods ignore it).
         p.opt_str("command_id", max_len=200)
         return await handler(p)
 
-    async def _execute(self, p: Params, command: c.Command) -> Committed:
+    async def _commit(self, p: Params, command: c.Command) -> dict[str, Any]:
+        """Commit ``command``; the result names what it made and the sequence it reached."""
         try:
-            return await self._store.execute(command, command_id=p.raw("command_id") or _mint())
+            committed = await self._store.execute(
+                command, command_id=p.raw("command_id") or _mint()
+            )
         except DomainError as exc:
-            raise RpcError(DOMAIN_CODES.get(exc.code, DOMAIN_CODES["invalid"]), exc.message) from None
+            raise RpcError(
+                DOMAIN_CODES.get(exc.code, DOMAIN_CODES["invalid"]), exc.message
+            ) from None
+        return {**committed.result, "sequence": _sequence(committed)}
 
     # --- methods ---------------------------------------------------------------------------
 
@@ -103,9 +115,11 @@ class Methods:
         p.check()
         path = _absolute_path(path)
         if not await trio.Path(path).is_dir():
-            raise RpcError(DOMAIN_CODES["invalid"], f"path {path!r} is not a directory on this host; create it first or pass an existing directory")
-        committed = await self._execute(p, c.CreateProject(project_id, path, title))
-        return {**committed.result, "sequence": _sequence(committed)}
+            raise RpcError(
+                DOMAIN_CODES["invalid"],
+                f"path {path!r} is not a directory on this host; create it first or pass an existing directory",
+            )
+        return await self._commit(p, c.CreateProject(project_id, path, title))
 
     async def project_list(self, p: Params) -> Any:
         return {"projects": await self._store.projects()}
@@ -120,29 +134,31 @@ class Methods:
         workspace = p.raw("workspace")
         p.check()
         if workspace not in (None, "root"):
-            raise RpcError(DOMAIN_CODES["invalid"], 'workspace must be "root" in this build; worktrees are not available yet')
-        committed = await self._execute(
-            p, c.CreateThread(thread_id, project_id, provider, title=title, model=model, runtime_mode=runtime_mode)
+            raise RpcError(
+                DOMAIN_CODES["invalid"],
+                'workspace must be "root" in this build; worktrees are not available yet',
+            )
+        return await self._commit(
+            p,
+            c.CreateThread(
+                thread_id, project_id, provider, title=title, model=model, runtime_mode=runtime_mode
+            ),
         )
-        return {**committed.result, "sequence": _sequence(committed)}
 
     async def thread_rename(self, p: Params) -> Any:
         thread_id, title = p.str("thread_id", max_len=200), p.str("title", max_len=500)
         p.check()
-        committed = await self._execute(p, c.RenameThread(thread_id, title))
-        return {**committed.result, "sequence": _sequence(committed)}
+        return await self._commit(p, c.RenameThread(thread_id, title))
 
     async def thread_archive(self, p: Params) -> Any:
         thread_id = p.str("thread_id", max_len=200)
         p.check()
-        committed = await self._execute(p, c.ArchiveThread(thread_id))
-        return {**committed.result, "sequence": _sequence(committed)}
+        return await self._commit(p, c.ArchiveThread(thread_id))
 
     async def thread_delete(self, p: Params) -> Any:
         thread_id = p.str("thread_id", max_len=200)
         p.check()
-        committed = await self._execute(p, c.DeleteThread(thread_id))
-        return {**committed.result, "sequence": _sequence(committed)}
+        return await self._commit(p, c.DeleteThread(thread_id))
 
     async def thread_snapshot(self, p: Params) -> Any:
         thread_id = p.str("thread_id", max_len=200)
@@ -157,7 +173,9 @@ class Methods:
     async def snapshot(self, thread_id: str, turn_limit: int, before: int | None) -> dict[str, Any]:
         snapshot = await self._store.snapshot(thread_id, turn_limit, before)
         if snapshot is None:
-            raise RpcError(NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+            raise RpcError(
+                NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell"
+            )
         return snapshot
 
     async def turn_start(self, p: Params) -> Any:
@@ -165,22 +183,19 @@ class Methods:
         text = p.str("text", max_len=1_000_000)
         turn_id = p.opt_str("turn_id", max_len=200) or _mint()
         p.check()
-        committed = await self._execute(p, c.StartTurn(thread_id, turn_id, text))
-        return {**committed.result, "sequence": _sequence(committed)}
+        return await self._commit(p, c.StartTurn(thread_id, turn_id, text))
 
     async def turn_interrupt(self, p: Params) -> Any:
         thread_id = p.str("thread_id", max_len=200)
         p.check()
-        committed = await self._execute(p, c.InterruptTurn(thread_id))
-        return {**committed.result, "sequence": _sequence(committed)}
+        return await self._commit(p, c.InterruptTurn(thread_id))
 
     async def request_respond(self, p: Params) -> Any:
         request_id = p.str("request_id", max_len=200)
         decision = p.choice("decision", DECISIONS)
         message = p.opt_str("message", max_len=10_000)
         p.check()
-        committed = await self._execute(p, c.RespondToRequest(request_id, decision, message))
-        return {**committed.result, "sequence": _sequence(committed)}
+        return await self._commit(p, c.RespondToRequest(request_id, decision, message))
 
     async def requests_pending(self, p: Params) -> Any:
         thread_id = p.opt_str("thread_id", max_len=200)
