@@ -28,6 +28,7 @@ SERVE_FLAGS = (
     ("--replay-fixture", "replay_fixture", "transcript for the replay provider (T3D_REPLAY_FIXTURE; default: the bundled multi-turn one)"),
     ("--replay-speed", "replay_speed", "replay timing scale, 0 = no delays (T3D_REPLAY_SPEED; default 1)"),
     ("--interrupt-timeout", "interrupt_timeout", "seconds before an unanswered interrupt stops the provider (T3D_INTERRUPT_TIMEOUT; default 10)"),
+    ("--provider-idle-timeout", "provider_idle_timeout", "seconds an idle provider process is kept before it is stopped, 0 = forever; the next turn resumes it (T3D_PROVIDER_IDLE_TIMEOUT; default 1800)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
 )
 

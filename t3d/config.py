@@ -38,6 +38,8 @@ class Settings:
     replay_speed: float = 1.0
     # Seconds a provider gets to honour an interrupt before it is stopped.
     interrupt_timeout: float = 10.0
+    # Seconds an idle provider process is kept (0 = forever); the next turn resumes it.
+    provider_idle_timeout: float = 1800.0
     log_level: str = "info"
 
     @property
@@ -138,6 +140,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "replay_fixture": ("T3D_REPLAY_FIXTURE", _abs_path),
     "replay_speed": ("T3D_REPLAY_SPEED", _float_in(0.0, 1000.0)),
     "interrupt_timeout": ("T3D_INTERRUPT_TIMEOUT", _float_in(0.1, 600.0)),
+    "provider_idle_timeout": ("T3D_PROVIDER_IDLE_TIMEOUT", _float_in(0.0, 604800.0)),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
 }
 

@@ -1,7 +1,8 @@
 """`open_sessions`: one task per live provider session, under one supervisor.
 
-Effects for a thread go to that thread's session inbox (bounded; the effects
-worker waits when an inbox is full). A session is created on the thread's
+Effects for a thread go to that thread's session inbox (bounded: a session
+`INBOX_SIZE` effects behind gets no more, and a turn start it cannot take
+fails with the reason, so one stuck session never stalls the others). A session is created on the thread's
 first effect that needs one and ends when it is told to stop or its thread
 goes away. A session that fails unexpectedly is logged with its traceback,
 its running turn is failed with the reason, and the other sessions go on:
@@ -49,7 +50,14 @@ class _Live:
 
 
 class Sessions:
-    def __init__(self, nursery: trio.Nursery, store: Store, spawner: Spawner, settings: Settings, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        store: Store,
+        spawner: Spawner,
+        settings: Settings,
+        clock: Callable[[], float],
+    ) -> None:
         self._nursery = nursery
         self._store = store
         self._spawner = spawner
@@ -69,12 +77,27 @@ class Sessions:
             live = await self._open(effect)
             if live is None:
                 return
-        if isinstance(effect, ev.StartProviderTurn):
-            live.turn_id = effect.turn_id
-        await live.inbox.send(effect)
-        if isinstance(effect, ev.StopProviderSession):
+        if isinstance(effect, ev.StopProviderSession):  # the session ends once its inbox is drained
             await live.inbox.aclose()
             del self._live[effect.thread_id]
+            return
+        if isinstance(effect, ev.StartProviderTurn):
+            live.turn_id = effect.turn_id
+        try:  # never wait on one session: the worker serves every thread
+            live.inbox.send_nowait(effect)
+        except trio.WouldBlock:
+            log.warning(
+                "thread %s: its provider session is %d effects behind; dropped %s",
+                effect.thread_id,
+                INBOX_SIZE,
+                type(effect).__name__,
+            )
+            if isinstance(effect, ev.StartProviderTurn):
+                await self._fail_turn(
+                    effect.turn_id,
+                    "the thread's provider session is not keeping up; interrupt or archive the thread, then retry",
+                    "session_backlog",
+                )
 
     async def _open(self, effect: ev.StartProviderTurn) -> _Live | None:
         context = await self._store.thread_context(effect.thread_id)
@@ -83,7 +106,11 @@ class Sessions:
         thread, project, resume = context
         cwd = thread.get("worktree_path") or project["path"]
         if not await trio.Path(cwd).is_dir():
-            await self._fail_turn(effect.turn_id, f"the project directory {cwd} does not exist; recreate it or create the project again with an existing path", "bad_cwd")
+            await self._fail_turn(
+                effect.turn_id,
+                f"the project directory {cwd} does not exist; recreate it or create the project again with an existing path",
+                "bad_cwd",
+            )
             return None
         spec = self._spec(thread, cwd, resume)
         send, receive = trio.open_memory_channel[ev.Effect](INBOX_SIZE)
@@ -97,7 +124,9 @@ class Sessions:
         provider = thread["provider"]
         if provider == "replay":
             argv: tuple[str, ...] = (sys.executable, str(replay_fixtures.FAKE_CLAUDE))
-            env["T3D_REPLAY_FIXTURE"] = str(self._settings.replay_fixture or replay_fixtures.DEFAULT_FIXTURE)
+            env["T3D_REPLAY_FIXTURE"] = str(
+                self._settings.replay_fixture or replay_fixtures.DEFAULT_FIXTURE
+            )
             env["T3D_REPLAY_SPEED"] = repr(self._settings.replay_speed)
             env["T3D_REPLAY_LOOP"] = "1"
         else:
@@ -112,15 +141,22 @@ class Sessions:
             permission_mode=PERMISSION_MODES.get(thread.get("runtime_mode") or "", "default"),
             resume=resume,
             interrupt_timeout=self._settings.interrupt_timeout,
+            idle_timeout=self._settings.provider_idle_timeout,
         )
 
-    async def _supervise(self, spec: SessionSpec, inbox: trio.MemoryReceiveChannel[ev.Effect], live: _Live) -> None:
+    async def _supervise(
+        self, spec: SessionSpec, inbox: trio.MemoryReceiveChannel[ev.Effect], live: _Live
+    ) -> None:
         try:
             await run_claude_session(spec, inbox, self._store.execute, self._spawner, self._clock)
         except Exception as exc:  # the supervision boundary of one session
             log.error("thread %s: provider session failed", spec.thread_id, exc_info=exc)
             if live.turn_id is not None:
-                await self._fail_turn(live.turn_id, f"internal error in the {spec.provider} session: {exc!r}; start a new turn to retry", "session_crashed")
+                await self._fail_turn(
+                    live.turn_id,
+                    f"internal error in the {spec.provider} session: {exc!r}; start a new turn to retry",
+                    "session_crashed",
+                )
         finally:
             if self._live.get(spec.thread_id) is live:
                 del self._live[spec.thread_id]
@@ -138,7 +174,9 @@ class Sessions:
 
 
 @asynccontextmanager
-async def open_sessions(store: Store, spawner: Spawner, settings: Settings, clock: Callable[[], float] = time.time) -> AsyncIterator[Sessions]:
+async def open_sessions(
+    store: Store, spawner: Spawner, settings: Settings, clock: Callable[[], float] = time.time
+) -> AsyncIterator[Sessions]:
     async with trio.open_nursery() as nursery:
         sessions = Sessions(nursery, store, spawner, settings, clock)
         try:

@@ -59,6 +59,8 @@ from t3d.spawn.process import Spawner, stop_process
 log = logging.getLogger("t3d.providers.claude")
 
 COALESCE_S = 0.05
+# A provider that takes no input for this long is treated as hung.
+SEND_TIMEOUT_S = 30.0
 STDERR_TAIL = 8 * 1024
 # After the process exits, how long its stderr may still take to reach EOF (a child
 # of the CLI can hold the pipe open) before the exit is reported without the rest.
@@ -79,6 +81,9 @@ class SessionSpec:
     permission_mode: str | None
     resume: str | None
     interrupt_timeout: float
+    # Seconds a process may sit with no turn before it is stopped (0 = never); the next
+    # turn starts a new one with --resume, so an idle thread costs no process.
+    idle_timeout: float = 0.0
 
 
 class _Process:
@@ -90,6 +95,8 @@ class _Process:
         self.stderr_bytes = 0
         self.cost_so_far = 0.0
         self.forced_stop = False
+        # Let go by the session on purpose (idle): its exit ends no turn.
+        self.detached = False
         self.stderr_closed = trio.Event()
 
     def keep_stderr(self, chunk: bytes | bytearray) -> None:
@@ -125,12 +132,15 @@ class ClaudeSession:
         self._last_flush: dict[str, float] = {}
         self._dirty = trio.Event()
         self._control_ids = 0
+        self._idle_since = math.inf
 
     # --- the inbox ---------------------------------------------------------------------
 
     async def run(self, inbox: trio.MemoryReceiveChannel[ev.Effect]) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._run_flusher)
+            if self.spec.idle_timeout > 0:
+                nursery.start_soon(self._run_idle_stopper)
             try:
                 async for effect in inbox:
                     if isinstance(effect, ev.StartProviderTurn):
@@ -143,7 +153,7 @@ class ClaudeSession:
                         break
             finally:
                 if self._proc is not None:
-                    await self._stop_current()
+                    await self._stop(self._proc)
                 nursery.cancel_scope.cancel()
 
     async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
@@ -228,11 +238,32 @@ class ClaudeSession:
     async def _send(self, line: bytes) -> None:
         assert self._proc is not None and self._proc.process.stdin is not None
         try:
-            await self._proc.process.stdin.send_all(line)
+            with trio.fail_after(SEND_TIMEOUT_S):
+                await self._proc.process.stdin.send_all(line)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ProviderError(
                 f"{self.spec.provider} is not accepting input (its process has exited)"
             ) from exc
+        except trio.TooSlowError as exc:
+            raise ProviderError(
+                f"{self.spec.provider} has not read its input for {SEND_TIMEOUT_S:g} s; "
+                "it looks hung: archive the thread or start a new turn to restart it"
+            ) from exc
+
+    async def _run_idle_stopper(self) -> None:
+        """Stop a process that has had no turn for `idle_timeout` seconds."""
+        while True:
+            await trio.sleep(min(self.spec.idle_timeout / 4, 30.0))
+            proc = self._proc
+            idle_for = trio.current_time() - self._idle_since
+            if proc is None or self._turn is not None or idle_for < self.spec.idle_timeout:
+                continue
+            log.info(
+                "thread %s: stopping its idle %s process", self.spec.thread_id, self.spec.provider
+            )
+            proc.detached = True
+            self._proc = None  # the next turn starts a new process (with --resume)
+            await self._stop(proc)
 
     async def _read_stderr(self, proc: _Process) -> None:
         assert proc.process.stderr is not None
@@ -262,9 +293,8 @@ class ClaudeSession:
             await proc.stderr_closed.wait()
         await self._on_exit(proc, code)
 
-    async def _stop_current(self) -> None:
-        proc = self._proc
-        assert proc is not None
+    async def _stop(self, proc: _Process) -> None:
+        """Close stdin (the CLI's own way to end), then TERM and KILL if it lingers. Bounded."""
         with trio.CancelScope(shield=True):
             if proc.process.stdin is not None:
                 await proc.process.stdin.aclose()
@@ -276,7 +306,7 @@ class ClaudeSession:
         if self._proc is proc:
             self._proc = None
         stderr = proc.stderr_text()
-        turn = self._turn
+        turn = None if proc.detached else self._turn
         ended = None if turn is None else self._exit_outcome(proc, code, stderr, turn)
         if ended is not None:
             self._adopt_native(ended)  # before the exit record, which stores it
@@ -421,6 +451,7 @@ class ClaudeSession:
             c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, cost)
         )
         self._turn = None
+        self._idle_since = trio.current_time()
         self._requests.clear()
         self._last_flush.clear()
 
