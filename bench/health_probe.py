@@ -2,8 +2,8 @@
 
 Starts `t3d serve` on a fresh state dir, runs N replay sessions that start a
 turn, wait for its terminal event (via a subscription), think, and repeat,
-while a prober hits ``GET /api/health`` every 100 ms over a fresh TCP
-connection. Prints health latency p50/p99/max, turns completed and the
+while a prober (a process of its own) hits ``GET /api/health`` every 100 ms
+over a fresh TCP connection. Prints health latency p50/p99/max, turns completed and the
 daemon's loop-lag figures. Uses only the public API (WebSocket + HTTP).
 
     python -m bench.health_probe --sessions 20 --seconds 30
@@ -90,17 +90,35 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
+async def probe_for(port: int, seconds: float) -> None:
+    """The prober's own process: sample health for ``seconds``, print the samples as JSON."""
+    stop = trio.Event()
+    samples: list[float] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(probe, port, stop, samples)
+        await trio.sleep(seconds)
+        stop.set()
+    print(orjson.dumps(samples).decode())
+
+
 async def drive(args: argparse.Namespace, port: int, token: str, project: Path) -> None:
     stop = trio.Event()
-    health: list[float] = []
     turns: list[float] = []
+    # The prober runs in a process of its own, so the load clients' scheduling is not in its figures.
+    prober = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "bench.health_probe", "--probe-port", str(port), "--seconds", str(args.seconds)],
+        stdout=subprocess.PIPE,
+    )
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(probe, port, stop, health)
         for _ in range(args.sessions):
             nursery.start_soon(session, port, token, project, args.think, stop, turns)
         await trio.sleep(args.seconds)
         stop.set()
         nursery.cancel_scope.deadline = trio.current_time() + 15
+    assert prober.stdout is not None
+    output = b"".join([chunk async for chunk in prober.stdout])
+    await prober.wait()
+    health: list[float] = orjson.loads(output)
     final = orjson.loads((await _http_get(port, "/api/health")).split(b"\r\n\r\n", 1)[1])
     print(f"sessions={args.sessions} window={args.seconds}s speed={args.speed} think={args.think}s")
     print(f"turns completed: {len(turns)}; turn p50 {statistics.median(turns):.2f}s" if turns else "turns completed: 0")
@@ -134,4 +152,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--think", type=float, default=1.0)
-    main(parser.parse_args())
+    parser.add_argument("--probe-port", type=int, help=argparse.SUPPRESS)
+    parsed = parser.parse_args()
+    if parsed.probe_port:
+        trio.run(probe_for, parsed.probe_port, parsed.seconds)
+    else:
+        main(parsed)
