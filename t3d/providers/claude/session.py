@@ -10,8 +10,8 @@ time: while the writer is behind, the reader stops reading and the CLI
 blocks on its pipe (backpressure, no unbounded buffer).
 
 Rules:
-- Streaming text is coalesced: at most one `item.updated` per item per
-  `COALESCE_S`, plus the item's final state.
+- Streaming text is coalesced (`ItemCoalescer`): at most one `item.updated`
+  per item per `COALESCE_S`, plus the item's final state.
 - A stop always completes: an interrupt the CLI does not honour within the
   interrupt timeout stops the process and the turn ends ``interrupted``.
 - A process that exits or crashes mid-turn ends the turn ``failed`` with the
@@ -21,10 +21,10 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import uuid
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -52,20 +52,16 @@ from t3d.providers.claude.encode import (
     encode_permission_deny,
     encode_user_message,
 )
+from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import parse_line
+from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineBuffer, LineTooLong
 from t3d.spawn.process import Spawner, stop_process
 
 log = logging.getLogger("t3d.providers.claude")
 
-COALESCE_S = 0.05
 # A provider that takes no input for this long is treated as hung.
 SEND_TIMEOUT_S = 30.0
-STDERR_TAIL = 8 * 1024
-# After the process exits, how long its stderr may still take to reach EOF (a child
-# of the CLI can hold the pipe open) before the exit is reported without the rest.
-STDERR_DRAIN_S = 1.0
-READ_CHUNK = 64 * 1024
 
 
 @attrs.frozen
@@ -86,29 +82,6 @@ class SessionSpec:
     idle_timeout: float = 0.0
 
 
-class _Process:
-    def __init__(self, process: trio.Process, session_id: str, started_at: float) -> None:
-        self.process = process
-        self.session_id = session_id
-        self.started_at = started_at
-        self.stderr_tail: deque[bytes] = deque()
-        self.stderr_bytes = 0
-        self.cost_so_far = 0.0
-        self.forced_stop = False
-        # Let go by the session on purpose (idle): its exit ends no turn.
-        self.detached = False
-        self.stderr_closed = trio.Event()
-
-    def keep_stderr(self, chunk: bytes | bytearray) -> None:
-        self.stderr_tail.append(bytes(chunk))
-        self.stderr_bytes += len(chunk)
-        while self.stderr_bytes - len(self.stderr_tail[0]) >= STDERR_TAIL:
-            self.stderr_bytes -= len(self.stderr_tail.popleft())
-
-    def stderr_text(self) -> str:
-        return b"".join(self.stderr_tail)[-STDERR_TAIL:].decode("utf-8", "replace").strip()
-
-
 class ClaudeSession:
     def __init__(
         self,
@@ -121,16 +94,13 @@ class ClaudeSession:
         self._execute = execute
         self._spawner = spawner
         self._clock = clock
-        self._proc: _Process | None = None
+        self._proc: ClaudeProcess | None = None
         self._turn: TurnMapper | None = None
         # Open prompts: domain request id -> (the CLI's request id, what answering needs).
         self._requests: dict[str, tuple[str, dict[str, Any]]] = {}
         self._resume = spec.resume
         self._native_seen: str | None = None
-        self._lock = trio.Lock()
-        self._pending: dict[str, TurnItem] = {}
-        self._last_flush: dict[str, float] = {}
-        self._dirty = trio.Event()
+        self._items = ItemCoalescer(self._record_items)
         self._control_ids = 0
         self._idle_since = math.inf
 
@@ -138,7 +108,7 @@ class ClaudeSession:
 
     async def run(self, inbox: trio.MemoryReceiveChannel[ev.Effect]) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._run_flusher)
+            nursery.start_soon(self._items.run)
             if self.spec.idle_timeout > 0:
                 nursery.start_soon(self._run_idle_stopper)
             try:
@@ -153,7 +123,7 @@ class ClaudeSession:
                         break
             finally:
                 if self._proc is not None:
-                    await self._stop(self._proc)
+                    await self._proc.stop()
                 nursery.cancel_scope.cancel()
 
     async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
@@ -189,7 +159,7 @@ class ClaudeSession:
             await self._send(encode_interrupt(f"t3d_interrupt_{self._control_ids}"))
         nursery.start_soon(self._escalate_interrupt, turn, self._proc)
 
-    async def _escalate_interrupt(self, turn: TurnMapper, proc: _Process) -> None:
+    async def _escalate_interrupt(self, turn: TurnMapper, proc: ClaudeProcess) -> None:
         await trio.sleep(self.spec.interrupt_timeout)
         if self._turn is turn and self._proc is proc:
             log.warning(
@@ -227,11 +197,11 @@ class ClaudeSession:
         )
         return [argv[0], *prefix_args, *argv[1:]]
 
-    async def _start_process(self, nursery: trio.Nursery) -> _Process:
+    async def _start_process(self, nursery: trio.Nursery) -> ClaudeProcess:
         process = await self._spawner.spawn(self._argv(), cwd=self.spec.cwd, env=self.spec.env)
-        proc = _Process(process, uuid.uuid4().hex, self._clock())
+        proc = ClaudeProcess(process, uuid.uuid4().hex, self._clock())
         await self._record_session(proc, status="running")
-        nursery.start_soon(self._read_stderr, proc)
+        nursery.start_soon(proc.read_stderr)
         nursery.start_soon(self._read_stdout, proc)
         return proc
 
@@ -263,19 +233,9 @@ class ClaudeSession:
             )
             proc.detached = True
             self._proc = None  # the next turn starts a new process (with --resume)
-            await self._stop(proc)
+            await proc.stop()
 
-    async def _read_stderr(self, proc: _Process) -> None:
-        assert proc.process.stderr is not None
-        try:
-            async for chunk in proc.process.stderr:
-                proc.keep_stderr(chunk)
-        except trio.ClosedResourceError:
-            pass
-        finally:
-            proc.stderr_closed.set()
-
-    async def _read_stdout(self, proc: _Process) -> None:
+    async def _read_stdout(self, proc: ClaudeProcess) -> None:
         assert proc.process.stdout is not None
         lines = LineBuffer()
         try:
@@ -287,22 +247,9 @@ class ClaudeSession:
                 await self._on_line(final)
         except trio.ClosedResourceError:
             pass
-        code = await proc.process.wait()
-        # The last words on stderr are the ones that explain the exit.
-        with trio.move_on_after(STDERR_DRAIN_S):
-            await proc.stderr_closed.wait()
-        await self._on_exit(proc, code)
+        await self._on_exit(proc, await proc.wait_exit())
 
-    async def _stop(self, proc: _Process) -> None:
-        """Close stdin (the CLI's own way to end), then TERM and KILL if it lingers. Bounded."""
-        with trio.CancelScope(shield=True):
-            if proc.process.stdin is not None:
-                await proc.process.stdin.aclose()
-            with trio.move_on_after(2.0):
-                await proc.process.wait()
-            await stop_process(proc.process, grace=3.0)
-
-    async def _on_exit(self, proc: _Process, code: int) -> None:
+    async def _on_exit(self, proc: ClaudeProcess, code: int) -> None:
         if self._proc is proc:
             self._proc = None
         stderr = proc.stderr_text()
@@ -316,7 +263,9 @@ class ClaudeSession:
         if ended is not None:
             await self._end_turn(ended)
 
-    def _exit_outcome(self, proc: _Process, code: int, stderr: str, turn: TurnMapper) -> TurnEnded:
+    def _exit_outcome(
+        self, proc: ClaudeProcess, code: int, stderr: str, turn: TurnMapper
+    ) -> TurnEnded:
         """How the running turn ends when its process exits before the turn's `result`."""
         if proc.forced_stop:
             ended = TurnEnded(
@@ -343,7 +292,7 @@ class ClaudeSession:
 
     async def _record_session(
         self,
-        proc: _Process,
+        proc: ClaudeProcess,
         *,
         status: str,
         exit_code: int | None = None,
@@ -396,10 +345,10 @@ class ClaudeSession:
         assert turn is not None
         if isinstance(change, ItemChanged):
             if change.final:
-                self._pending.pop(change.item.id, None)
+                self._items.forget((change.item.id,))
                 await self._commit(c.RecordItems(turn.turn_id, (change.item,)))
             else:
-                await self._stream(change.item)
+                await self._items.stream(turn.turn_id, change.item)
         elif isinstance(change, PermissionAsked):
             # Scoped by turn like item ids: the CLI's ids are unique per process only in
             # practice, and a replayed (or looping) recording repeats them.
@@ -443,8 +392,7 @@ class ClaudeSession:
             for i in turn.open_items()
             if i.kind != "approval_request"
         )
-        for item in closing:
-            self._pending.pop(item.id, None)
+        self._items.forget(item.id for item in closing)
         if closing:
             await self._commit(c.RecordItems(turn.turn_id, closing))
         await self._commit(
@@ -453,54 +401,16 @@ class ClaudeSession:
         self._turn = None
         self._idle_since = trio.current_time()
         self._requests.clear()
-        self._last_flush.clear()
+        self._items.reset()
 
-    # --- coalescing and commits -------------------------------------------------------------
-
-    def _due_at(self, item_id: str) -> float:
-        return self._last_flush.get(item_id, -math.inf) + COALESCE_S
-
-    async def _stream(self, item: TurnItem) -> None:
-        self._pending[item.id] = item
-        if trio.current_time() >= self._due_at(item.id):
-            async with self._lock:
-                await self._flush_locked(due_only=True)
-        else:
-            self._dirty.set()
-
-    async def _run_flusher(self) -> None:
-        # Sleeps until the earliest pending item is due, so no item is flushed sooner
-        # than COALESCE_S after its previous flush, whoever flushed it.
-        while True:
-            await self._dirty.wait()
-            self._dirty = trio.Event()
-            while self._pending:
-                due = min(self._due_at(item_id) for item_id in self._pending)
-                if due > trio.current_time():
-                    await trio.sleep_until(due)
-                async with self._lock:
-                    await self._flush_locked(due_only=True)
-
-    async def _flush_locked(self, *, due_only: bool = False) -> None:
-        """Record pending streaming items: all of them (before a commit, to keep order) or the due ones."""
-        if not self._pending or self._turn is None:
-            self._pending.clear()
-            return
-        now = trio.current_time()
-        items = tuple(
-            item for item in self._pending.values() if not due_only or now >= self._due_at(item.id)
-        )
-        if not items:
-            return
-        for item in items:
-            del self._pending[item.id]
-            self._last_flush[item.id] = now
-        await self._execute_quietly(c.RecordItems(self._turn.turn_id, items))
+    # --- commits ---------------------------------------------------------------------------
 
     async def _commit(self, command: c.Command) -> None:
-        async with self._lock:
-            await self._flush_locked()
-            await self._execute_quietly(command)
+        """Commit after every pending streaming update (`ItemCoalescer.commit`)."""
+        await self._items.commit(functools.partial(self._execute_quietly, command))
+
+    async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
+        await self._execute_quietly(c.RecordItems(turn_id, items))
 
     async def _execute_quietly(self, command: c.Command) -> None:
         """Commit; a domain rejection (e.g. the thread was deleted meanwhile) is logged, not fatal."""

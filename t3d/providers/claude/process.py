@@ -1,0 +1,75 @@
+"""One running Claude CLI process, as the session driver sees it.
+
+`ClaudeProcess` wraps the OS process with what the session keeps about it: the
+id of its `ProviderSession` record, when it started, the tail of its stderr,
+the cost it has reported so far and how it came to end.
+
+Rules:
+- Bounded: only the last `STDERR_TAIL` bytes of stderr are kept.
+- `wait_exit` waits for stderr's EOF at most `STDERR_DRAIN_S` after the exit.
+- `stop` always completes: shielded, and bounded by TERM then KILL.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import trio
+
+from t3d.spawn.process import stop_process
+
+STDERR_TAIL = 8 * 1024
+# After the process exits, how long its stderr may still take to reach EOF (a child
+# of the CLI can hold the pipe open) before the exit is reported without the rest.
+STDERR_DRAIN_S = 1.0
+
+
+class ClaudeProcess:
+    def __init__(self, process: trio.Process, session_id: str, started_at: float) -> None:
+        self.process = process
+        self.session_id = session_id
+        self.started_at = started_at
+        self._stderr_tail: deque[bytes] = deque()
+        self._stderr_bytes = 0
+        self.cost_so_far = 0.0
+        # Stopped because it did not honour an interrupt in time.
+        self.forced_stop = False
+        # Let go by the session on purpose (idle): its exit ends no turn.
+        self.detached = False
+        self._stderr_closed = trio.Event()
+
+    def _keep_stderr(self, chunk: bytes | bytearray) -> None:
+        self._stderr_tail.append(bytes(chunk))
+        self._stderr_bytes += len(chunk)
+        while self._stderr_bytes - len(self._stderr_tail[0]) >= STDERR_TAIL:
+            self._stderr_bytes -= len(self._stderr_tail.popleft())
+
+    def stderr_text(self) -> str:
+        return b"".join(self._stderr_tail)[-STDERR_TAIL:].decode("utf-8", "replace").strip()
+
+    async def read_stderr(self) -> None:
+        """Keep the tail of stderr until its EOF. Start in a nursery with the process."""
+        assert self.process.stderr is not None
+        try:
+            async for chunk in self.process.stderr:
+                self._keep_stderr(chunk)
+        except trio.ClosedResourceError:
+            pass
+        finally:
+            self._stderr_closed.set()
+
+    async def wait_exit(self) -> int:
+        """Wait for the exit, then (briefly) for the last words on stderr that explain it."""
+        code = await self.process.wait()
+        with trio.move_on_after(STDERR_DRAIN_S):
+            await self._stderr_closed.wait()
+        return code
+
+    async def stop(self) -> None:
+        """Close stdin (the CLI's own way to end), then TERM and KILL if it lingers. Bounded."""
+        with trio.CancelScope(shield=True):
+            if self.process.stdin is not None:
+                await self.process.stdin.aclose()
+            with trio.move_on_after(2.0):
+                await self.process.wait()
+            await stop_process(self.process, grace=3.0)
