@@ -101,15 +101,30 @@ async def probe_for(port: int, seconds: float) -> None:
     print(orjson.dumps(samples).decode())
 
 
-async def drive(args: argparse.Namespace, port: int, token: str, project: Path) -> None:
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def sample_rss(pid: int, samples: list[float]) -> None:
+    while True:
+        samples.append(rss_mib(pid))
+        await trio.sleep(1)
+
+
+async def drive(args: argparse.Namespace, port: int, token: str, project: Path, daemon_pid: int) -> None:
     stop = trio.Event()
     turns: list[float] = []
+    rss: list[float] = []
     # The prober runs in a process of its own, so the load clients' scheduling is not in its figures.
     prober = await trio.lowlevel.open_process(
         [sys.executable, "-m", "bench.health_probe", "--probe-port", str(port), "--seconds", str(args.seconds)],
         stdout=subprocess.PIPE,
     )
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(sample_rss, daemon_pid, rss)
         for _ in range(args.sessions):
             nursery.start_soon(session, port, token, project, args.think, stop, turns)
         await trio.sleep(args.seconds)
@@ -124,6 +139,11 @@ async def drive(args: argparse.Namespace, port: int, token: str, project: Path) 
     print(f"turns completed: {len(turns)}; turn p50 {statistics.median(turns):.2f}s" if turns else "turns completed: 0")
     print(f"health: n={len(health)} p50={statistics.median(health):.2f}ms p99={_percentile(health, 0.99):.2f}ms max={max(health):.2f}ms")
     print(f"daemon loop lag (last 10 s): {final['loop_lag_ms']}")
+    third = max(1, len(rss) // 3)
+    print(
+        f"daemon RSS MiB: first {rss[0]:.1f}, median of first third {statistics.median(rss[:third]):.1f}, "
+        f"median of last third {statistics.median(rss[-third:]):.1f}, peak {max(rss):.1f}"
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -140,7 +160,7 @@ def main(args: argparse.Namespace) -> None:
         if found is None:
             raise SystemExit("the daemon did not print its URL; see its stderr")
         token = (state / "auth" / "token").read_text().strip()
-        trio.run(drive, args, int(found.group(1)), token, project)
+        trio.run(drive, args, int(found.group(1)), token, project, daemon.pid)
     finally:
         daemon.terminate()
         daemon.wait(timeout=30)
