@@ -37,6 +37,8 @@ class ClaudeProcess:
         # Let go by the session on purpose (idle): its exit ends no turn.
         self.detached = False
         self._stderr_closed = trio.Event()
+        # Set once the session has handled (recorded) this process's exit, or given up on it.
+        self.exit_handled = trio.Event()
 
     def _keep_stderr(self, chunk: bytes | bytearray) -> None:
         self._stderr_tail.append(bytes(chunk))

@@ -62,6 +62,8 @@ log = logging.getLogger("t3d.providers.claude")
 
 # A provider that takes no input for this long is treated as hung.
 SEND_TIMEOUT_S = 30.0
+# How long a stopping session waits for its process's exit to be recorded.
+EXIT_RECORD_S = 5.0
 
 
 @attrs.frozen
@@ -122,8 +124,11 @@ class ClaudeSession:
                     elif isinstance(effect, ev.StopProviderSession):
                         break
             finally:
-                if self._proc is not None:
-                    await self._proc.stop()
+                proc = self._proc
+                if proc is not None:
+                    await proc.stop()
+                    with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
+                        await proc.exit_handled.wait()  # its reader records the exit first
                 nursery.cancel_scope.cancel()
 
     async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
@@ -239,15 +244,18 @@ class ClaudeSession:
         assert proc.process.stdout is not None
         lines = LineBuffer()
         try:
-            async for chunk in proc.process.stdout:
-                for line in lines.feed(chunk):
-                    await self._on_line(line)
-            final = lines.eof()
-            if final is not None:
-                await self._on_line(final)
-        except trio.ClosedResourceError:
-            pass
-        await self._on_exit(proc, await proc.wait_exit())
+            try:
+                async for chunk in proc.process.stdout:
+                    for line in lines.feed(chunk):
+                        await self._on_line(line)
+                final = lines.eof()
+                if final is not None:
+                    await self._on_line(final)
+            except trio.ClosedResourceError:
+                pass
+            await self._on_exit(proc, await proc.wait_exit())
+        finally:
+            proc.exit_handled.set()
 
     async def _on_exit(self, proc: ClaudeProcess, code: int) -> None:
         if self._proc is proc:
