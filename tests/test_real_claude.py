@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import trio
-
 from harness import http, new_thread, open_client, run_turn, start_daemon
 
 CLAUDE = os.environ.get("T3D_TEST_CLAUDE_BIN") or shutil.which("claude")
