@@ -106,9 +106,9 @@ class ApiApp:
             return rpc.error_frame(exc.request_id, exc.code, exc.message, exc.data)
         if request.method.startswith(("subscribe.", "unsubscribe")):
             return rpc.error_frame(request.id, rpc.INVALID_REQUEST, f"{request.method} needs a WebSocket; connect to /ws")
-        return await self._answer(request)
+        return await self.answer(request)
 
-    async def _answer(self, request: rpc.Request) -> bytes:
+    async def answer(self, request: rpc.Request) -> bytes:
         try:
             result = await self.methods.call(request.method, request.params)
         except rpc.RpcError as exc:
@@ -195,7 +195,7 @@ class WsConnection:
             elif request.method == "unsubscribe":
                 await self._unsubscribe(request)
             else:
-                reply = await self.app._answer(request)
+                reply = await self.app.answer(request)
                 if not request.is_notification:
                     await self.send(reply)
         finally:
@@ -276,9 +276,11 @@ class WsConnection:
         await self.send(rpc.notification_frame(sub.sub_id, "resync", sub.base_seq, b'{"reason":"overflow"}'))
         try:
             snapshot = await self._read_snapshot(sub)
-        except rpc.RpcError:  # the thread is gone: the subscription ends
+        except rpc.RpcError:  # the thread is gone: say so, and the subscription ends
             self.app.hub.unsubscribe(sub)
             self.subs.pop(sub.sub_id, None)
+            gone = orjson.dumps({"kind": "thread.deleted", "sequence": None, "entity": {"id": sub.thread_id}})
+            await self.send(rpc.notification_frame(sub.sub_id, "event", sub.base_seq, gone))
             return
         await self._send_snapshot(sub, snapshot)
 
