@@ -64,30 +64,29 @@ def default_state_dir(environ: Mapping[str, str]) -> Path:
     return Path(home) / ".local" / "state" / "t3d"
 
 
-def _int_in(low: int, high: int) -> Callable[[str, str], int]:
-    def parse(name: str, raw: str) -> int:
+def _number_in(kind: Callable[[str], T], low: T, high: T, noun: str) -> Callable[[str, str], T]:
+    """A parser for a number of ``kind`` (int or float) between ``low`` and ``high``."""
+    allowed = f"use {noun} from {low:g} to {high:g}"
+
+    def parse(name: str, raw: str) -> T:
         try:
-            value = int(raw)
+            value = kind(raw)
         except ValueError:
-            raise ConfigError(f"{name}={raw!r} is not an integer; use a whole number from {low} to {high}") from None
-        if not low <= value <= high:
-            raise ConfigError(f"{name}={raw!r} is out of range; use a whole number from {low} to {high}")
+            what = "an integer" if kind is int else "a number"
+            raise ConfigError(f"{name}={raw!r} is not {what}; {allowed}") from None
+        if not low <= value <= high:  # type: ignore[operator]
+            raise ConfigError(f"{name}={raw!r} is out of range; {allowed}")
         return value
 
     return parse
+
+
+def _int_in(low: int, high: int) -> Callable[[str, str], int]:
+    return _number_in(int, low, high, "a whole number")
 
 
 def _float_in(low: float, high: float) -> Callable[[str, str], float]:
-    def parse(name: str, raw: str) -> float:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ConfigError(f"{name}={raw!r} is not a number; use a number from {low:g} to {high:g}") from None
-        if not low <= value <= high:
-            raise ConfigError(f"{name}={raw!r} is out of range; use a number from {low:g} to {high:g}")
-        return value
-
-    return parse
+    return _number_in(float, low, high, "a number")
 
 
 def _host(name: str, raw: str) -> str:

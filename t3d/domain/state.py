@@ -43,6 +43,17 @@ class StateView(Protocol):
     def live_sessions(self) -> list[ProviderSession]: ...
 
 
+# Entity type -> the `State` attribute that holds its rows.
+_TABLE_OF: dict[type, str] = {
+    Project: "projects",
+    Thread: "threads",
+    Turn: "turns",
+    TurnItem: "items",
+    RuntimeRequest: "requests",
+    ProviderSession: "sessions",
+}
+
+
 @attrs.define
 class State:
     """Projections held in memory: the reference implementation of `StateView`."""
@@ -84,9 +95,7 @@ class State:
         return self.requests.get(request_id)
 
     def pending_requests(self, turn_id: str) -> list[RuntimeRequest]:
-        return [
-            r for r in self.requests.values() if r.turn_id == turn_id and r.status == "pending"
-        ]
+        return [r for r in self.requests.values() if r.turn_id == turn_id and r.status == "pending"]
 
     def all_open_turns(self) -> list[Turn]:
         return sorted(
@@ -111,15 +120,7 @@ class State:
         table[entity.id] = entity
 
     def _table_of(self, entity: object) -> dict[str, object]:
-        tables: dict[type, dict] = {  # type: ignore[type-arg]
-            Project: self.projects,
-            Thread: self.threads,
-            Turn: self.turns,
-            TurnItem: self.items,
-            RuntimeRequest: self.requests,
-            ProviderSession: self.sessions,
-        }
-        return tables[type(entity)]
+        return getattr(self, _TABLE_OF[type(entity)])  # type: ignore[no-any-return]
 
     def _delete_thread(self, thread_id: str) -> None:
         self.threads.pop(thread_id, None)

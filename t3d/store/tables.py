@@ -108,55 +108,40 @@ class SqlView:
         )
 
     def all_pending_requests(self) -> list[RuntimeRequest]:
-        return self._all(
-            "SELECT body FROM requests WHERE status = 'pending'", (), decode_request
-        )
+        return self._all("SELECT body FROM requests WHERE status = 'pending'", (), decode_request)
 
     def live_sessions(self) -> list[ProviderSession]:
-        return self._all(
-            "SELECT body FROM sessions WHERE status != 'exited'", (), decode_session
-        )
+        return self._all("SELECT body FROM sessions WHERE status != 'exited'", (), decode_session)
+
+
+# Entity type -> (table, indexed columns kept beside ``body``, columns an update may change).
+# Columns named here are read from the entity's attribute of the same name.
+_TABLES: dict[type, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    Project: ("projects", ("path",), ("path",)),
+    Thread: ("threads", ("project_id",), ()),
+    Turn: ("turns", ("thread_id", "ordinal", "status"), ("status",)),
+    TurnItem: ("items", ("thread_id", "turn_id", "ordinal"), ("ordinal",)),
+    RuntimeRequest: ("requests", ("thread_id", "turn_id", "status"), ("status",)),
+    ProviderSession: ("sessions", ("thread_id", "status"), ("status",)),
+}
+
+
+def _upsert_sql(table: str, columns: tuple[str, ...], updated: tuple[str, ...]) -> str:
+    names = ("id", *columns, "body")
+    sets = ", ".join(f"{c} = excluded.{c}" for c in (*updated, "body"))
+    return (
+        f"INSERT INTO {table}({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+        f"ON CONFLICT(id) DO UPDATE SET {sets}"
+    )
+
+
+_UPSERTS = {kind: (_upsert_sql(*spec), spec[1]) for kind, spec in _TABLES.items()}
 
 
 def _upsert(conn: apsw.Connection, entity: object, body: bytes) -> None:
-    if isinstance(entity, TurnItem):
-        conn.execute(
-            "INSERT INTO items(id, thread_id, turn_id, ordinal, body) VALUES (?,?,?,?,?) "
-            "ON CONFLICT(id) DO UPDATE SET ordinal = excluded.ordinal, body = excluded.body",
-            (entity.id, entity.thread_id, entity.turn_id, entity.ordinal, body),
-        )
-    elif isinstance(entity, Turn):
-        conn.execute(
-            "INSERT INTO turns(id, thread_id, ordinal, status, body) VALUES (?,?,?,?,?) "
-            "ON CONFLICT(id) DO UPDATE SET status = excluded.status, body = excluded.body",
-            (entity.id, entity.thread_id, entity.ordinal, entity.status, body),
-        )
-    elif isinstance(entity, RuntimeRequest):
-        conn.execute(
-            "INSERT INTO requests(id, thread_id, turn_id, status, body) VALUES (?,?,?,?,?) "
-            "ON CONFLICT(id) DO UPDATE SET status = excluded.status, body = excluded.body",
-            (entity.id, entity.thread_id, entity.turn_id, entity.status, body),
-        )
-    elif isinstance(entity, Thread):
-        conn.execute(
-            "INSERT INTO threads(id, project_id, body) VALUES (?,?,?) "
-            "ON CONFLICT(id) DO UPDATE SET body = excluded.body",
-            (entity.id, entity.project_id, body),
-        )
-    elif isinstance(entity, ProviderSession):
-        conn.execute(
-            "INSERT INTO sessions(id, thread_id, status, body) VALUES (?,?,?,?) "
-            "ON CONFLICT(id) DO UPDATE SET status = excluded.status, body = excluded.body",
-            (entity.id, entity.thread_id, entity.status, body),
-        )
-    elif isinstance(entity, Project):
-        conn.execute(
-            "INSERT INTO projects(id, path, body) VALUES (?,?,?) "
-            "ON CONFLICT(id) DO UPDATE SET path = excluded.path, body = excluded.body",
-            (entity.id, entity.path, body),
-        )
-    else:  # pragma: no cover - the Entity union is closed
-        raise TypeError(f"no table for {type(entity).__name__}")
+    """Replace the entity's row (insert it if new: the count triggers fire only then)."""
+    sql, columns = _UPSERTS[type(entity)]
+    conn.execute(sql, (entity.id, *(getattr(entity, c) for c in columns), body))  # type: ignore[attr-defined]
 
 
 def delete_thread_rows(conn: apsw.Connection, thread_id: str) -> None:
