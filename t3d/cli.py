@@ -29,6 +29,9 @@ SERVE_FLAGS = (
     ("--replay-speed", "replay_speed", "replay timing scale, 0 = no delays (T3D_REPLAY_SPEED; default 1)"),
     ("--interrupt-timeout", "interrupt_timeout", "seconds before an unanswered interrupt stops the provider (T3D_INTERRUPT_TIMEOUT; default 10)"),
     ("--provider-idle-timeout", "provider_idle_timeout", "seconds an idle provider process is kept before it is stopped, 0 = forever; the next turn resumes it (T3D_PROVIDER_IDLE_TIMEOUT; default 1800)"),
+    ("--process-spawner", "process_spawner", "auto, required or off: start processes through the spawner sidecar (auto falls back to the daemon with a warning; off always uses the daemon) (T3D_PROCESS_SPAWNER; default auto)"),
+    ("--spawner-git-pool", "spawner_git_pool", "git commands run at once, 1-256 (T3D_SPAWNER_GIT_POOL; default max(8, min(32, cpus // 4)))"),
+    ("--spawner-forge-pool", "spawner_forge_pool", "gh/glab/tea commands run at once, 1-64 (T3D_SPAWNER_FORGE_POOL; default 4)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
 )
 

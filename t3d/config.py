@@ -40,11 +40,20 @@ class Settings:
     interrupt_timeout: float = 10.0
     # Seconds an idle provider process is kept (0 = forever); the next turn resumes it.
     provider_idle_timeout: float = 1800.0
+    # Who starts processes: the spawner sidecar (auto, required) or the daemon itself (off).
+    process_spawner: str = "auto"
+    # Pool sizes in the spawner; None = its defaults (git max(8, min(32, cpus // 4)), forge 4).
+    spawner_git_pool: int | None = None
+    spawner_forge_pool: int | None = None
     log_level: str = "info"
 
     @property
     def db_path(self) -> Path:
         return self.state_dir / "t3d.sqlite"
+
+    @property
+    def spawner_socket(self) -> Path:
+        return self.state_dir / "spawner.sock"
 
     @property
     def token_path(self) -> Path:
@@ -140,6 +149,9 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "replay_speed": ("T3D_REPLAY_SPEED", _float_in(0.0, 1000.0)),
     "interrupt_timeout": ("T3D_INTERRUPT_TIMEOUT", _float_in(0.1, 600.0)),
     "provider_idle_timeout": ("T3D_PROVIDER_IDLE_TIMEOUT", _float_in(0.0, 604800.0)),
+    "process_spawner": ("T3D_PROCESS_SPAWNER", _choice("auto", "required", "off")),
+    "spawner_git_pool": ("T3D_SPAWNER_GIT_POOL", _int_in(1, 256)),
+    "spawner_forge_pool": ("T3D_SPAWNER_FORGE_POOL", _int_in(1, 64)),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
 }
 

@@ -27,7 +27,7 @@ from t3d.errors import StoreError
 from t3d.live.hub import Hub
 from t3d.loop_monitor import LoopMonitor
 from t3d.sessions import open_sessions
-from t3d.spawn.process import DirectSpawner
+from t3d.spawn.sidecar import open_spawner
 from t3d.store.store import open_store
 
 log = logging.getLogger("t3d")
@@ -65,7 +65,11 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
             transport = TransportStats()
             bound: list[int] = [settings.port]
 
-            async with open_sessions(store, DirectSpawner(), settings) as sessions, trio.open_nursery() as nursery:
+            async with (
+                open_spawner(settings) as spawner,
+                open_sessions(store, spawner, settings) as sessions,
+                trio.open_nursery() as nursery,
+            ):
 
                 def health() -> dict[str, Any]:
                     lag = monitor.statistics()
@@ -78,12 +82,13 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                             "readers_busy": stats.readers_busy,
                             "sessions": sessions.count,
                             "connections": transport.statistics().open_connections,
+                            "spawner": attrs.asdict(spawner.statistics()),
                         },
                     )
 
                 await nursery.start(monitor.run)
                 await nursery.start(run_effects, store, effects, sessions.dispatch)
-                app = ApiApp(Methods(store), hub, token, health=health, bound=lambda: (settings.host, bound[0]))
+                app = ApiApp(Methods(store), hub, token, health=health, spawner=spawner, bound=lambda: (settings.host, bound[0]))
                 port = await nursery.start(partial(serve_api_transport, stats=transport), app, settings.host, settings.port)
                 bound[0] = port
                 url = attrs.evolve(settings, port=port).url

@@ -29,7 +29,7 @@ from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.errors import DomainError
 from t3d.providers.claude.session import SessionSpec, run_claude_session
-from t3d.spawn.process import Spawner
+from t3d.spawn.child import Spawner
 from t3d.store.store import Store
 
 log = logging.getLogger("t3d.sessions")

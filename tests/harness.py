@@ -216,3 +216,14 @@ async def run_turn(
         elif data["kind"] == "turn.updated" and entity["status"] in TERMINAL:
             ordered = sorted(items.values(), key=lambda i: i["ordinal"])
             return TurnOutcome(entity, ordered, list(requests.values()), events)
+
+
+async def wait_until(condition: Callable[[], Any], interval: float = 0.02) -> None:
+    """Poll ``condition`` (a function, or an async one) until it is true. Bound it with fail_after."""
+    while True:
+        value = condition()
+        if hasattr(value, "__await__"):
+            value = await value
+        if value:
+            return
+        await trio.sleep(interval)

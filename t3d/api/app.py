@@ -31,8 +31,9 @@ from t3d.api import jsonrpc as rpc
 from t3d.api.auth import bearer_ok, origin_allowed
 from t3d.api.methods import Methods
 from t3d.api.transport import HttpRequest, HttpResponse
-from t3d.errors import T3dError
+from t3d.errors import SpawnerError, T3dError
 from t3d.live.hub import Hub, Subscription
+from t3d.spawn.child import Spawner
 from t3d.store.queries import MAX_TURN_LIMIT
 
 log = logging.getLogger("t3d.api")
@@ -65,8 +66,10 @@ class ApiApp:
         *,
         health: Callable[[], dict[str, Any]],
         bound: Callable[[], tuple[str, int]],
+        spawner: Spawner,
     ) -> None:
         self.methods = methods
+        self._spawner = spawner
         self.hub = hub
         self._token = token
         self._health = health
@@ -95,6 +98,11 @@ class ApiApp:
         if r.method == "POST" and (m := _RESPOND_PATH.match(r.path)):
             body = _body_object(r.body)
             return _json(200, await self.methods.call("request.respond", {**body, "request_id": m.group(1)}))
+        if r.method == "GET" and r.path == "/api/spawner":
+            try:
+                return _json(200, await self._spawner.describe())
+            except SpawnerError as exc:
+                return _error(503, "spawner_unavailable", str(exc))
         if r.method == "POST" and r.path == "/api/dispatch":
             return HttpResponse(200, await self._dispatch_frame(r.body))
         return _error(404, "not_found", f"no route for {r.method} {r.path}; see the README for the HTTP API")

@@ -16,7 +16,7 @@ from collections import deque
 
 import trio
 
-from t3d.spawn.process import stop_process
+from t3d.spawn.child import Child, stop_child
 
 STDERR_TAIL = 8 * 1024
 # After the process exits, how long its stderr may still take to reach EOF (a child
@@ -25,7 +25,7 @@ STDERR_DRAIN_S = 1.0
 
 
 class ClaudeProcess:
-    def __init__(self, process: trio.Process, session_id: str, started_at: float) -> None:
+    def __init__(self, process: Child, session_id: str, started_at: float) -> None:
         self.process = process
         self.session_id = session_id
         self.started_at = started_at
@@ -51,7 +51,6 @@ class ClaudeProcess:
 
     async def read_stderr(self) -> None:
         """Keep the tail of stderr until its EOF. Start in a nursery with the process."""
-        assert self.process.stderr is not None
         try:
             async for chunk in self.process.stderr:
                 self._keep_stderr(chunk)
@@ -70,8 +69,7 @@ class ClaudeProcess:
     async def stop(self) -> None:
         """Close stdin (the CLI's own way to end), then TERM and KILL if it lingers. Bounded."""
         with trio.CancelScope(shield=True):
-            if self.process.stdin is not None:
-                await self.process.stdin.aclose()
+            await self.process.stdin.aclose()
             with trio.move_on_after(2.0):
                 await self.process.wait()
-            await stop_process(self.process, grace=3.0)
+            await stop_child(self.process, grace=3.0)

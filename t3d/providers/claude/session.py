@@ -56,7 +56,7 @@ from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import parse_line
 from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineBuffer, LineTooLong
-from t3d.spawn.process import Spawner, stop_process
+from t3d.spawn.child import Spawner, stop_child
 
 log = logging.getLogger("t3d.providers.claude")
 
@@ -173,7 +173,7 @@ class ClaudeSession:
                 self.spec.interrupt_timeout,
             )
             proc.forced_stop = True
-            await stop_process(proc.process, grace=2.0)
+            await stop_child(proc.process, grace=2.0)
 
     async def _answer(self, effect: ev.AnswerProviderRequest) -> None:
         request = self._requests.pop(effect.request_id, None)
@@ -203,7 +203,9 @@ class ClaudeSession:
         return [argv[0], *prefix_args, *argv[1:]]
 
     async def _start_process(self, nursery: trio.Nursery) -> ClaudeProcess:
-        process = await self._spawner.spawn(self._argv(), cwd=self.spec.cwd, env=self.spec.env)
+        process = await self._spawner.spawn(
+            self._argv(), cwd=self.spec.cwd, env=self.spec.env, tag=f"thread {self.spec.thread_id}"
+        )
         proc = ClaudeProcess(process, uuid.uuid4().hex, self._clock())
         await self._record_session(proc, status="running")
         nursery.start_soon(proc.read_stderr)
@@ -211,7 +213,7 @@ class ClaudeSession:
         return proc
 
     async def _send(self, line: bytes) -> None:
-        assert self._proc is not None and self._proc.process.stdin is not None
+        assert self._proc is not None
         try:
             with trio.fail_after(SEND_TIMEOUT_S):
                 await self._proc.process.stdin.send_all(line)
@@ -241,7 +243,6 @@ class ClaudeSession:
             await proc.stop()
 
     async def _read_stdout(self, proc: ClaudeProcess) -> None:
-        assert proc.process.stdout is not None
         lines = LineBuffer()
         try:
             try:
