@@ -269,3 +269,32 @@ def _spawn_and_vanish(path: str, count: int) -> list[int]:
                     os.close(fd)
             pids.append(reply["pid"])
     return pids
+
+
+async def test_the_daemon_uses_a_socket_activated_spawner_and_leaves_it_running(tmp_path: Path) -> None:
+    """Like systemd's t3d-spawner.socket: the spawner gets its listening socket as fd 3 with
+    LISTEN_PID/LISTEN_FDS; the daemon connects to it instead of starting its own, and does
+    not stop it on the way out."""
+    path = tmp_path / "spawner.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(path))
+    listener.listen()
+    # execv keeps the pid, so LISTEN_PID names the spawner, as systemd would.
+    activate = (
+        "import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update(LISTEN_PID=str(os.getpid()),"
+        " LISTEN_FDS='1'); os.execv(sys.executable, [sys.executable, '-m', 'spawner', '--socket', 'unused'])"
+    )
+    activated = await trio.lowlevel.open_process(
+        [sys.executable, "-c", activate, str(listener.fileno())], pass_fds=(listener.fileno(),)
+    )
+    listener.close()
+    try:
+        with trio.fail_after(20):
+            async with open_spawner(settings(tmp_path, process_spawner="required")) as spawner:
+                assert spawner.statistics().pid == activated.pid
+                result = await spawner.run(["echo", "activated"], cwd=str(tmp_path))
+                assert result.stdout == b"activated\n"
+            assert activated.returncode is None and activated.poll() is None
+    finally:
+        activated.terminate()
+        await activated.wait()
