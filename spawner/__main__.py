@@ -8,42 +8,82 @@ arguments; 1 when the socket cannot be bound or another spawner answers there.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import logging
 import os
 import socket
 import sys
 
+from spawner import log
 from spawner.pools import FORGE_POOL, OTHER_POOL, Pool, available_cpus, default_git_pool
 from spawner.server import Spawner
 
 SD_LISTEN_FDS_START = 3
 
 
-def _positive_int(low: int, high: int):  # type: ignore[no-untyped-def]
-    def parse(raw: str) -> int:
+USAGE = f"""usage: t3d-spawner --socket PATH [options]
+
+Start processes for the t3d daemon.
+
+  --socket PATH        Unix socket to listen on (ignored under socket activation)
+  --git-pool N         git commands at once, 1-256 (default max(8, min(32, cpus // 4)))
+  --forge-pool N       gh/glab/tea commands at once, 1-64 (default {FORGE_POOL})
+  --other-pool N       other commands at once, 1-256 (default {OTHER_POOL})
+  --orphan-grace S     seconds a child whose daemon went away waits to be adopted
+                       before it is stopped (default 60)
+  --idle-exit S        exit after S seconds with no daemon and no children (default: never)
+  --log-level LEVEL    {", ".join(log.LEVELS)} (default info)
+"""
+
+# option -> (parser, allowed range); argparse would cost the sidecar half a MiB of RSS.
+_OPTIONS = {
+    "--socket": (str, None),
+    "--git-pool": (int, (1, 256)),
+    "--forge-pool": (int, (1, 64)),
+    "--other-pool": (int, (1, 256)),
+    "--orphan-grace": (float, (0, 86400)),
+    "--idle-exit": (float, (0, 86400)),
+    "--log-level": (str, None),
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+class Options:
+    socket = ""
+    git_pool: int | None = None
+    forge_pool = FORGE_POOL
+    other_pool = OTHER_POOL
+    orphan_grace = 60.0
+    idle_exit: float | None = None
+    log_level = "info"
+
+
+def parse_args(argv: list[str]) -> Options:
+    """``--name value`` pairs onto `Options` (``--git-pool`` sets ``git_pool``)."""
+    if "-h" in argv or "--help" in argv:
+        sys.stdout.write(USAGE)
+        raise SystemExit(0)
+    options = Options()
+    if len(argv) % 2:
+        raise UsageError(f"{argv[-1]} needs a value")
+    for name, raw in zip(argv[::2], argv[1::2], strict=True):
+        if name not in _OPTIONS:
+            raise UsageError(f"unknown option {name}")
+        kind, bounds = _OPTIONS[name]
         try:
-            value = int(raw)
+            value = kind(raw)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{value} is out of range; use {low} to {high}")
-        return value
-
-    return parse
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="t3d-spawner", description="Start processes for the t3d daemon.")
-    parser.add_argument("--socket", required=True, help="Unix socket path to listen on (ignored under socket activation)")
-    parser.add_argument("--git-pool", type=_positive_int(1, 256), default=None, help="git commands at once (default max(8, min(32, cpus // 4)))")
-    parser.add_argument("--forge-pool", type=_positive_int(1, 64), default=FORGE_POOL, help=f"gh/glab/tea commands at once (default {FORGE_POOL})")
-    parser.add_argument("--other-pool", type=_positive_int(1, 256), default=OTHER_POOL, help=f"other commands at once (default {OTHER_POOL})")
-    parser.add_argument("--orphan-grace", type=float, default=60.0, help="seconds a child whose daemon went away waits to be adopted before it is stopped")
-    parser.add_argument("--idle-exit", type=float, default=None, help="exit after this many seconds with no daemon connected and no children")
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    return parser.parse_args(argv)
+            raise UsageError(f"{name} {raw!r} is not a {'whole number' if kind is int else 'number'}") from None
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise UsageError(f"{name} {raw} is out of range; use {bounds[0]} to {bounds[1]}")
+        setattr(options, name[2:].replace("-", "_"), value)
+    if not options.socket:
+        raise UsageError("--socket is required")
+    if options.log_level not in log.LEVELS:
+        raise UsageError(f"--log-level must be one of {', '.join(log.LEVELS)}")
+    return options
 
 
 def activated_socket() -> socket.socket | None:
@@ -78,18 +118,22 @@ def bind_socket(path: str) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=args.log_level.upper(), format="t3d-spawner %(levelname)s %(message)s", stream=sys.stderr)
-    log = logging.getLogger("t3d-spawner")
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        sys.stderr.write(f"t3d-spawner: {exc}\n{USAGE}")
+        return 2
+    log.set_level(args.log_level)
+    socket_path = args.socket
     listener = activated_socket()
     owned_path = None
     if listener is None:
         try:
-            listener = bind_socket(args.socket)
+            listener = bind_socket(socket_path)
         except OSError as exc:
-            log.error("cannot listen on %s: %s", args.socket, exc.strerror or exc)
+            log.error("cannot listen on %s: %s", socket_path, exc.strerror or exc)
             return 1
-        owned_path = args.socket
+        owned_path = socket_path
     listener.listen(128)
     listener.setblocking(False)
     cpus = available_cpus()
@@ -98,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         "forge": Pool("forge", args.forge_pool),
         "other": Pool("other", args.other_pool),
     }
-    log.info("listening on %s; pools git=%d forge=%d other=%d (%d cpus)", args.socket, pools["git"].size, pools["forge"].size, pools["other"].size, cpus)
+    sizes = " ".join(f"{name}={pool.size}" for name, pool in pools.items())
+    log.info("listening on %s; pools %s (%d cpus)", socket_path, sizes, cpus)
     try:
         Spawner(listener, pools, orphan_grace=args.orphan_grace, idle_exit=args.idle_exit).serve_forever()
     finally:

@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 MAX_WAITING = 4096
@@ -25,18 +24,23 @@ FORGE_POOL = 4
 OTHER_POOL = 8
 
 
-def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+def _read(path: str) -> str:
+    with open(path) as file:
+        return file.read()
+
+
+def cgroup_cpu_limit(root: str = "/sys/fs/cgroup") -> float | None:
     """CPUs allowed by the cgroup quota (v2 ``cpu.max`` or v1 cfs), None when unlimited."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
+        quota, period = _read(f"{root}/cpu.max").split()[:2]
         if quota != "max":
             return int(quota) / int(period)
         return None
     except (OSError, ValueError):
         pass
     try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        quota_us = int(_read(f"{root}/cpu/cpu.cfs_quota_us"))
+        period_us = int(_read(f"{root}/cpu/cpu.cfs_period_us"))
     except (OSError, ValueError):
         return None
     return quota_us / period_us if quota_us > 0 and period_us > 0 else None

@@ -22,7 +22,6 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import selectors
 import signal
@@ -32,11 +31,10 @@ import threading
 import time
 from typing import Any
 
+from spawner import log
 from spawner import protocol as p
 from spawner.commands import kill_group, run_command
 from spawner.pools import Pool, PoolBusyError
-
-log = logging.getLogger("t3d-spawner")
 
 MAX_RUNS = 4096
 MAX_CHILDREN = 4096
