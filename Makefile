@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 ARGS ?=
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check t3d spawner bench replay_fixtures tests
 	$(BIN)/mypy
+
+# A short benchmark run (STRESS, 20 sessions, 60 s window); the full runs are in docs/benchmarks.md.
+BENCH_ARGS ?= --profile stress --sessions 20 --window 60 --warmup 15 --out bench-out/make-bench
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	$(BIN)/python -m bench run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

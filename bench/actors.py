@@ -1,0 +1,383 @@
+"""The load's clients: agent sessions, UI subscribers, approval pollers, a snapshot poller.
+
+Each actor is a Trio task over its own connection, using only the public API, and keeps
+only what the figures need: one record per turn, counters, and per-call latencies (all
+bounded by the run's length). Times are ``time.monotonic()`` (the same clock in every
+process of the machine), so the coordinator can place them in the window.
+
+Expected failures (a JSON-RPC error, an HTTP error status, a dropped connection) are
+counted in `Errors` and end the actor's current step, never the run; a session whose
+connection is gone stops turning, and the run is then invalid because that session
+produced no output in the window.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import attrs
+import trio
+import trio_websocket
+
+from bench.client import HttpClient, HttpError, Json, RpcClosed, RpcConnection, RpcFailed, open_rpc
+
+TERMINAL = frozenset({"completed", "interrupted", "failed", "cancelled"})
+EXPECTED = (
+    RpcFailed,
+    RpcClosed,
+    HttpError,
+    trio_websocket.ConnectionClosed,
+    trio_websocket.HandshakeError,
+    trio.BrokenResourceError,
+    OSError,
+)
+MAX_ERROR_TEXTS = 20
+
+
+@attrs.define
+class Errors:
+    """Counts by kind and the first few messages; bounded."""
+
+    counts: Counter[str] = attrs.field(factory=Counter)
+    first: list[str] = attrs.field(factory=list)
+
+    def add(self, where: str, exc: BaseException) -> None:
+        self.counts[f"{where}: {type(exc).__name__}"] += 1
+        if len(self.first) < MAX_ERROR_TEXTS:
+            self.first.append(f"{where}: {exc!r}"[:300])
+
+
+@attrs.frozen
+class Window:
+    t0: float
+    start: float
+    end: float
+
+    def holds(self, at: float) -> bool:
+        return self.start <= at <= self.end
+
+
+async def sleep_until(at: float) -> None:
+    await trio.sleep(max(0.0, at - time.monotonic()))
+
+
+def trio_deadline(at: float) -> float:
+    """``at`` (``time.monotonic()`` seconds) on Trio's clock, which has its own origin."""
+    return trio.current_time() + (at - time.monotonic())
+
+
+# --- agent sessions ------------------------------------------------------------------
+
+
+@attrs.define
+class TurnRecord:
+    session: int
+    turn_id: str
+    start: float
+    dispatch_ms: float | None = None
+    first_item: float | None = None
+    reply_done: float | None = None
+    end: float | None = None
+    status: str | None = None
+    prompted: bool = False
+
+
+class Session:
+    """One agent session: one thread, subscribed on the session's own connection."""
+
+    def __init__(self, index: int, window: Window, errors: Errors, *, answer_prompts: bool) -> None:
+        self.index = index
+        self.window = window
+        self.errors = errors
+        self.answer_prompts = answer_prompts
+        self.thread_id = ""
+        self.turns: list[TurnRecord] = []
+        self.outputs_in_window = 0
+        self.resyncs = 0
+        self.broken = False
+        self._current: TurnRecord | None = None
+        self._done = trio.Event()
+        self._to_answer: trio.MemorySendChannel[str] | None = None
+
+    def on_note(self, note: Json, at: float) -> None:
+        kind = note.get("kind")
+        if kind == "resync":
+            self.resyncs += 1
+        elif kind == "snapshot.chunk" and isinstance(note.get("data"), dict):
+            self._on_snapshot(note["data"], at)  # a chunk holds a part of each list
+        elif kind == "event":
+            self._on_event(note["data"], at)
+
+    def _on_event(self, data: Json, at: float) -> None:
+        turn = self._current
+        entity = data.get("entity") or {}
+        kind = data.get("kind")
+        if turn is None:
+            return
+        if kind == "item.updated" and entity.get("turn_id") == turn.turn_id:
+            if entity.get("kind") == "user_message":
+                return
+            if turn.first_item is None:
+                turn.first_item = at
+            if self.window.holds(at):
+                self.outputs_in_window += 1
+            if (
+                turn.reply_done is None
+                and entity.get("kind") == "assistant_message"
+                and entity.get("status") == "completed"
+            ):
+                turn.reply_done = at
+        elif (
+            kind == "request.updated"
+            and entity.get("turn_id") == turn.turn_id
+            and entity.get("status") == "pending"
+        ):
+            turn.prompted = True
+            if self.answer_prompts and self._to_answer is not None:
+                try:
+                    self._to_answer.send_nowait(entity["id"])
+                except trio.WouldBlock:
+                    self.errors.add("session", RuntimeError("more than 16 prompts unanswered"))
+        elif (
+            kind == "turn.updated"
+            and entity.get("id") == turn.turn_id
+            and entity.get("status") in TERMINAL
+        ):
+            self._finish(turn, entity["status"], at)
+
+    def _on_snapshot(self, snapshot: Json, at: float) -> None:
+        """After a resync: the turn may have ended while our buffer was dropped."""
+        turn = self._current
+        for t in snapshot.get("turns") or []:
+            if turn is not None and t.get("id") == turn.turn_id and t.get("status") in TERMINAL:
+                self._finish(turn, t["status"], at)
+
+    def _finish(self, turn: TurnRecord, status: str, at: float) -> None:
+        if turn.end is None:
+            turn.end, turn.status = at, status
+            self._done.set()
+
+    def _closed(self, exc: BaseException) -> None:
+        self.errors.add("session connection", exc)
+        self.broken = True
+        self._done.set()
+
+    async def open(
+        self, port: int, token: str, project_id: str, *, task_status: trio.TaskStatus[RpcConnection]
+    ) -> None:
+        """Connect, create the thread and subscribe; then serve the connection until cancelled."""
+        async with open_rpc(port, token, self.on_note, self._closed) as rpc:
+            created = await rpc.call(
+                "thread.create",
+                project_id=project_id,
+                provider="replay",
+                title=f"bench {self.index}",
+            )
+            self.thread_id = created["thread_id"]
+            await rpc.call("subscribe.thread", thread_id=self.thread_id)
+            task_status.started(rpc)
+            await trio.sleep_forever()
+
+    async def run(self, rpc: RpcConnection, first_at: float, think_s: float) -> None:
+        send, receive = trio.open_memory_channel[str](16)
+        self._to_answer = send
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._answer, rpc, receive)
+            await sleep_until(first_at)
+            while time.monotonic() < self.window.end:
+                if not await self.turn(rpc):
+                    break
+                await trio.sleep(think_s)
+            nursery.cancel_scope.cancel()
+
+    async def turn(self, rpc: RpcConnection) -> bool:
+        """One turn: start it, wait for its terminal event. False when the connection failed."""
+        record = TurnRecord(self.index, uuid.uuid4().hex, time.monotonic())
+        self._current, self._done = record, trio.Event()
+        self.turns.append(record)
+        try:
+            await rpc.call(
+                "turn.start", thread_id=self.thread_id, text="go", turn_id=record.turn_id
+            )
+        except RpcFailed as exc:
+            self.errors.add("turn.start", exc)
+            record.status = "rejected"
+            return True
+        except EXPECTED as exc:
+            self.errors.add("session", exc)
+            return False
+        record.dispatch_ms = (time.monotonic() - record.start) * 1000
+        await self._done.wait()
+        return not self.broken
+
+    async def _answer(self, rpc: RpcConnection, receive: trio.MemoryReceiveChannel[str]) -> None:
+        async for request_id in receive:
+            try:
+                await rpc.call("request.respond", request_id=request_id, decision="allow")
+            except EXPECTED as exc:
+                self.errors.add("request.respond", exc)
+
+
+# --- UI subscribers --------------------------------------------------------------------
+
+
+@attrs.define
+class SubscriberStats:
+    events: int = 0
+    resyncs: int = 0
+    switches: int = 0
+    subscribe_ms: list[float] = attrs.field(factory=list)
+
+
+async def run_subscriber(
+    port: int, token: str, threads: list[str], first: int, switch_s: float, phase_s: float,
+    window: Window, stats: SubscriberStats, errors: Errors,
+) -> None:  # fmt: skip
+    """Follow one thread; every ``switch_s`` (first after ``phase_s``) move to the next one."""
+
+    def on_note(note: Json, at: float) -> None:
+        if note.get("kind") == "event":
+            stats.events += 1
+        elif note.get("kind") == "resync":
+            stats.resyncs += 1
+
+    try:
+        async with open_rpc(port, token, on_note) as rpc:
+            position = first
+            sub = await _subscribe(rpc, threads[position % len(threads)], stats, window)
+            next_switch = window.t0 + phase_s
+            while switch_s > 0:
+                await sleep_until(next_switch)
+                next_switch += switch_s
+                await rpc.call("unsubscribe", sub=sub)
+                position += 1
+                sub = await _subscribe(rpc, threads[position % len(threads)], stats, window)
+                stats.switches += 1
+            await trio.sleep_forever()
+    except EXPECTED as exc:
+        errors.add("subscriber", exc)
+
+
+async def _subscribe(
+    rpc: RpcConnection, thread_id: str, stats: SubscriberStats, window: Window
+) -> str:
+    started = time.monotonic()
+    result = await rpc.call("subscribe.thread", thread_id=thread_id)
+    if window.holds(started):
+        stats.subscribe_ms.append((time.monotonic() - started) * 1000)
+    return str(result["sub"])
+
+
+# --- approval pollers -----------------------------------------------------------------
+
+
+@attrs.define
+class PollerStats:
+    polls: int = 0
+    approvals: int = 0
+    pending_ms: list[float] = attrs.field(factory=list)
+    shell_ms: list[float] = attrs.field(factory=list)
+
+
+async def run_poller(
+    port: int, token: str, mine: frozenset[str], interval_s: float, phase_s: float,
+    window: Window, stats: PollerStats, errors: Errors,
+) -> None:  # fmt: skip
+    """An approval bot: list pending requests and the shell; allow the prompts of its threads."""
+    client = HttpClient(port, token)
+    try:
+        await sleep_until(window.t0 + phase_s)
+        while True:
+            started = time.monotonic()
+            try:
+                await _poll_once(client, mine, window, stats, started)
+            except EXPECTED as exc:
+                errors.add("poller", exc)
+            await sleep_until(started + interval_s)
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
+
+
+async def _poll_once(
+    client: HttpClient, mine: frozenset[str], window: Window, stats: PollerStats, started: float
+) -> None:
+    pending = await client.request("GET", "/api/requests/pending")
+    listed = time.monotonic()
+    for request in pending.get("requests") or []:
+        if request.get("thread_id") in mine and request.get("status") == "pending":
+            try:
+                await client.request(
+                    "POST", f"/api/requests/{request['id']}/respond", {"decision": "allow"}
+                )
+                stats.approvals += 1
+            except HttpError as exc:
+                if exc.status != 409:  # already answered (a retry after a dropped reply)
+                    raise
+    shell_started = time.monotonic()
+    await client.request("GET", "/api/shell")
+    if window.holds(started):
+        stats.polls += 1
+        stats.pending_ms.append((listed - started) * 1000)
+        stats.shell_ms.append((time.monotonic() - shell_started) * 1000)
+
+
+# --- the largest thread's snapshot ----------------------------------------------------
+
+
+@attrs.define
+class SnapshotStats:
+    polls: int = 0
+    snapshot_ms: list[float] = attrs.field(factory=list)
+    largest_items: int = 0
+
+
+LARGEST_REFRESH_S = 30.0
+
+
+async def run_snapshot_poller(
+    port: int, token: str, interval_s: float, window: Window, stats: SnapshotStats, errors: Errors
+) -> None:
+    """Every ``interval_s``, the full snapshot (every turn) of the thread with the most items."""
+    client = HttpClient(port, token)
+    largest: str | None = None
+    refreshed = float("-inf")
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                if started - refreshed > LARGEST_REFRESH_S:
+                    shell = await client.request("GET", "/api/shell")
+                    threads: list[Any] = shell.get("threads") or []
+                    if threads:
+                        top = max(threads, key=lambda t: t.get("item_count") or 0)
+                        largest, stats.largest_items = top["id"], top.get("item_count") or 0
+                    refreshed = started
+                if largest is not None:
+                    began = time.monotonic()
+                    await client.request("GET", f"/api/threads/{largest}?turn_limit=1000")
+                    if window.holds(began):
+                        stats.polls += 1
+                        stats.snapshot_ms.append((time.monotonic() - began) * 1000)
+            except EXPECTED as exc:
+                errors.add("snapshot", exc)
+            await sleep_until(started + interval_s)
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
+
+
+# --- the driver's own loop ------------------------------------------------------------
+
+
+async def run_lag_monitor(window: Window, samples: list[float]) -> None:
+    """How late the driver's own loop wakes (a driver bottleneck shows here first)."""
+    while True:
+        before = time.monotonic()
+        await trio.sleep(0.05)
+        after = time.monotonic()
+        if window.holds(after):
+            samples.append(max(0.0, after - before - 0.05) * 1000)

@@ -1,0 +1,172 @@
+"""Starting and stopping the daemon under test, and the state it starts from.
+
+``prepare_state`` makes a fresh state dir (or one holding a copy of ``--db``), a project
+directory that is a git repository, and a ``git`` shim first on the daemon's PATH that
+counts every git process started by the daemon or its spawner. ``open_daemon`` runs
+``t3d serve`` as a subprocess with that state dir, only the given ``T3D_*`` settings (the
+caller's own are dropped, so a run is reproducible) and its output in a log file; it is
+ready when ``GET /api/health`` answers. On exit it stops the daemon like a service
+manager does (SIGTERM, a grace period, then SIGKILL), shielded and bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import attrs
+import trio
+
+from bench.client import http_get_once
+
+READY_TIMEOUT_S = 60.0
+STOP_GRACE_S = 30.0
+REAL_GIT = shutil.which("git")
+
+
+class DaemonFailed(Exception):
+    """The daemon did not start, or died during the run."""
+
+
+@attrs.frozen
+class StateDir:
+    root: Path
+    project: Path
+    git_log: Path | None
+
+    @property
+    def spawner_socket(self) -> str:
+        return str(self.root / "spawner.sock")
+
+    @property
+    def token_path(self) -> Path:
+        return self.root / "auth" / "token"
+
+
+def prepare_state(root: Path, db: Path | None) -> StateDir:
+    root.mkdir(parents=True)
+    if db is not None:
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(str(db) + suffix)
+            if source.exists():
+                shutil.copyfile(source, root / f"t3d.sqlite{suffix}")
+    project = root / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("hello\n")
+    git_log: Path | None = None
+    if REAL_GIT is not None:
+        env = {**os.environ, "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost",
+               "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@localhost"}  # fmt: skip
+        for argv in (["init", "-q"], ["add", "notes.txt"], ["commit", "-q", "-m", "bench project"]):
+            subprocess.run([REAL_GIT, *argv], cwd=project, env=env, check=True, capture_output=True)
+        shim_dir = root / "bench-bin"
+        shim_dir.mkdir()
+        git_log = root / "git-calls.log"
+        shim = shim_dir / "git"
+        shim.write_text(f'#!/bin/sh\nprintf "g\\n" >> "{git_log}"\nexec "{REAL_GIT}" "$@"\n')
+        shim.chmod(0o755)
+    return StateDir(root, project, git_log)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def daemon_env(state: StateDir, settings: Mapping[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("T3D_")}
+    if state.git_log is not None:
+        env["PATH"] = f"{state.root / 'bench-bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.update(settings)
+    return env
+
+
+@attrs.define
+class RunningDaemon:
+    process: trio.Process
+    port: int
+    token: str
+    state: StateDir
+    log: Path
+    exit_code: int | None = None
+    stop_s: float | None = None
+
+
+def pin_prefix(cpus: str | None) -> list[str]:
+    return ["taskset", "-c", cpus] if cpus else []
+
+
+@asynccontextmanager
+async def open_daemon(
+    state: StateDir,
+    fixture: Path,
+    settings: Mapping[str, str],
+    log: Path,
+    *,
+    cpus: str | None = None,
+) -> AsyncIterator[RunningDaemon]:
+    port = free_port()
+    argv = [*pin_prefix(cpus), sys.executable, "-m", "t3d", "serve", "--state-dir", str(state.root),
+            "--port", str(port), "--replay-fixture", str(fixture), "--replay-speed", "1",
+            "--log-level", "warning"]  # fmt: skip
+    with log.open("wb") as log_file:
+        process = await trio.lowlevel.open_process(
+            argv, stdout=log_file, stderr=subprocess.STDOUT, env=daemon_env(state, settings)
+        )
+    daemon = RunningDaemon(process, port, "", state, log)
+    try:
+        await _wait_ready(daemon)
+        daemon.token = state.token_path.read_text().strip()
+        yield daemon
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_daemon(daemon)
+
+
+async def _wait_ready(daemon: RunningDaemon) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if daemon.process.returncode is not None:
+            raise DaemonFailed(
+                f"t3d serve exited with status {daemon.process.returncode} at start; see {daemon.log}:\n{tail(daemon.log)}"
+            )
+        try:
+            status, _ = await http_get_once(daemon.port, "/api/health")
+            if status == 200 and daemon.state.token_path.exists():
+                return
+        except OSError:
+            pass
+        await trio.sleep(0.05)
+    raise DaemonFailed(
+        f"t3d serve did not answer /api/health within {READY_TIMEOUT_S:g} s; see {daemon.log}"
+    )
+
+
+async def stop_daemon(daemon: RunningDaemon) -> None:
+    """SIGTERM, wait ``STOP_GRACE_S``, then SIGKILL; records the exit code and stop time."""
+    process = daemon.process
+    started = time.monotonic()
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+        with trio.move_on_after(STOP_GRACE_S):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+    daemon.exit_code = await process.wait()
+    daemon.stop_s = time.monotonic() - started
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""

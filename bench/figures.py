@@ -1,0 +1,275 @@
+"""A run's figures, from what the load, the prober and the sampler recorded. Pure.
+
+Every figure is a number or None; a None figure has its reason in ``missing``. Times are
+monotonic seconds; the window is ``[start, end]``. Which records count:
+
+* turns completed: terminal ``completed`` events seen by the client inside the window;
+  turn p50/p95 over those (``turn.start`` sent to terminal event received);
+* dispatch (the ``turn.start`` round trip) and time to first streamed item (the first
+  ``item.updated`` of the turn other than the user's message): turns started in the window;
+* loop lag p99: over the daemon's latest-lag values the prober read in the window (a
+  random sample of its 50 ms ticks); loop lag max: the largest ``max`` it reported (each
+  covers the daemon's last ~10 s, so it may reach up to 10 s before the window);
+* memory peaks: sampled in the window; CPU seconds: the change across the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from bench.profiles import Profile, physical_limit
+from bench.sampler import Sample
+from bench.stats import maximum, percentile, ratio
+
+STEADY_FIGURES = (
+    "turns_completed", "turn_p50_s", "turn_p95_s", "dispatch_p50_ms", "dispatch_p95_ms",
+    "first_item_p50_ms", "first_item_p95_ms", "sessions", "sessions_with_output",
+    "loop_lag_p99_ms", "loop_lag_max_ms", "health_p50_ms", "health_p99_ms", "health_max_ms",
+    "daemon_rss_peak_mib", "daemon_pss_peak_mib", "spawner_rss_peak_mib", "spawner_pss_peak_mib",
+    "providers_rss_peak_mib", "total_rss_peak_mib", "daemon_cpu_s", "spawner_cpu_s", "driver_cpu_s",
+    "providers_cpu_s", "machine_busy_pct", "events_per_s", "git_per_turn", "limit", "turns_per_limit",
+)  # fmt: skip
+STEADY_EXTRAS = (
+    "turns_failed", "turns_in_flight", "health_failures", "providers_peak",
+    "subscriber_events", "subscriber_resyncs", "session_resyncs", "subscribe_p50_ms",
+    "approvals", "polls", "pending_p50_ms", "shell_p50_ms", "snapshot_polls", "snapshot_p50_ms",
+    "driver_lag_p99_ms", "driver_lag_max_ms", "errors",
+    "daemon_rss_first_third_mib", "daemon_rss_last_third_mib",
+)  # fmt: skip
+BURST_FIGURES = (
+    "sessions", "turns_completed", "replies_done_s", "turns_done_s", "dispatch_p50_ms", "dispatch_max_ms",
+    "daemon_rss_peak_mib", "daemon_pss_peak_mib", "spawner_rss_peak_mib", "providers_rss_peak_mib",
+    "total_rss_peak_mib", "git_per_turn",
+)  # fmt: skip
+
+
+@attrs.frozen
+class Inputs:
+    profile: Profile
+    sessions: int
+    window_s: float
+    fixture_turn_s: float
+    load: dict[str, Any]
+    probes: Sequence[Sequence[Any]]
+    samples: Sequence[Sample]
+    sequence_span: tuple[int, int] | None  # events sequence at window start and end
+    spawner_seen: bool
+
+
+def turns_of(load: dict[str, Any]) -> list[dict[str, Any]]:
+    fields = load["turn_fields"]
+    return [dict(zip(fields, row, strict=True)) for row in load["turns"]]
+
+
+def _in(t: float | None, start: float, end: float) -> bool:
+    return t is not None and start <= t <= end
+
+
+def _memory(
+    samples: Sequence[Sample], spawner_seen: bool, fig: dict[str, Any], missing: dict[str, str]
+) -> None:
+    fig["daemon_rss_peak_mib"] = maximum(s.daemon_rss for s in samples if s.daemon_rss is not None)
+    fig["daemon_pss_peak_mib"] = maximum(s.daemon_pss for s in samples if s.daemon_pss is not None)
+    fig["providers_rss_peak_mib"] = maximum(s.providers_rss for s in samples)
+    fig["providers_peak"] = maximum(s.providers for s in samples)
+    fig["total_rss_peak_mib"] = maximum(
+        (s.daemon_rss or 0) + (s.spawner_rss or 0) + s.providers_rss for s in samples
+    )
+    fig["spawner_rss_peak_mib"] = maximum(
+        s.spawner_rss for s in samples if s.spawner_rss is not None
+    )
+    fig["spawner_pss_peak_mib"] = maximum(
+        s.spawner_pss for s in samples if s.spawner_pss is not None
+    )
+    if not spawner_seen:
+        for name in ("spawner_rss_peak_mib", "spawner_pss_peak_mib", "spawner_cpu_s"):
+            missing[name] = (
+                "absent: no spawner process (-m spawner --socket STATE/spawner.sock) ran"
+            )
+    if not samples:
+        missing["daemon_rss_peak_mib"] = "no /proc sample fell in the window"
+
+
+def _git(
+    samples: Sequence[Sample], turns: int, fig: dict[str, Any], missing: dict[str, str]
+) -> None:
+    calls = [s.git_calls for s in samples if s.git_calls is not None]
+    if not calls:
+        fig["git_per_turn"] = None
+        missing["git_per_turn"] = "git is not installed here, so git processes could not be counted"
+    elif calls[-1] - calls[0] == 0:
+        fig["git_per_turn"] = None
+        missing["git_per_turn"] = (
+            "n/a: no git process ran in the window (the daemon does no git work yet)"
+        )
+    else:
+        fig["git_per_turn"] = ratio(calls[-1] - calls[0], turns)
+
+
+def _cpu(samples: Sequence[Sample], name: str) -> float | None:
+    values = [getattr(s, name) for s in samples if getattr(s, name) is not None]
+    return values[-1] - values[0] if len(values) >= 2 else None
+
+
+def _busy(samples: Sequence[Sample]) -> float | None:
+    """How busy all the machine's CPUs were across the samples, in percent (every process)."""
+    if len(samples) < 2:
+        return None
+    total = samples[-1].machine_total - samples[0].machine_total
+    return ratio((samples[-1].machine_busy - samples[0].machine_busy) * 100, total)
+
+
+def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
+    start, end = i.load["window"]
+    fig: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    turns = turns_of(i.load)
+    done = [t for t in turns if _in(t["end"], start, end) and t["status"] == "completed"]
+    started = [t for t in turns if _in(t["start"], start, end)]
+    fig["turns_completed"] = len(done)
+    fig["turns_failed"] = sum(
+        1 for t in turns if _in(t["end"], start, end) and t["status"] != "completed"
+    )
+    fig["turns_in_flight"] = sum(1 for t in turns if t["end"] is None and t["status"] is None)
+    durations = [t["end"] - t["start"] for t in done]
+    fig["turn_p50_s"], fig["turn_p95_s"] = percentile(durations, 50), percentile(durations, 95)
+    dispatch = [t["dispatch_ms"] for t in started if t["dispatch_ms"] is not None]
+    fig["dispatch_p50_ms"], fig["dispatch_p95_ms"] = (
+        percentile(dispatch, 50),
+        percentile(dispatch, 95),
+    )
+    first = [(t["first_item"] - t["start"]) * 1000 for t in started if t["first_item"] is not None]
+    fig["first_item_p50_ms"], fig["first_item_p95_ms"] = (
+        percentile(first, 50),
+        percentile(first, 95),
+    )
+    fig["sessions"] = i.sessions
+    fig["sessions_with_output"] = i.load["sessions_with_output"]
+
+    probes = [p for p in i.probes if _in(p[0], start, end)]
+    latency = [p[1] for p in probes if p[1] is not None]
+    fig["health_p50_ms"], fig["health_p99_ms"] = percentile(latency, 50), percentile(latency, 99)
+    fig["health_max_ms"] = maximum(latency)
+    fig["health_failures"] = sum(1 for p in probes if p[1] is None)
+    fig["loop_lag_p99_ms"] = percentile([p[2] for p in probes if p[2] is not None], 99)
+    fig["loop_lag_max_ms"] = maximum(p[4] for p in probes if p[4] is not None)
+    if probes and fig["loop_lag_p99_ms"] is None:
+        missing["loop_lag_p99_ms"] = missing["loop_lag_max_ms"] = (
+            "/api/health carries no loop_lag_ms"
+        )
+
+    window_samples = [s for s in i.samples if _in(s.t, start, end)]
+    _memory(window_samples, i.spawner_seen, fig, missing)
+    rss = [s.daemon_rss for s in window_samples if s.daemon_rss is not None]
+    third = len(rss) // 3
+    fig["daemon_rss_first_third_mib"] = percentile(rss[:third], 50) if third else None
+    fig["daemon_rss_last_third_mib"] = percentile(rss[-third:], 50) if third else None
+    fig["daemon_cpu_s"] = _cpu(window_samples, "daemon_cpu")
+    fig["spawner_cpu_s"] = _cpu(window_samples, "spawner_cpu")
+    fig["driver_cpu_s"] = _cpu(window_samples, "driver_cpu")
+    fig["providers_cpu_s"] = _cpu(window_samples, "providers_cpu")
+    fig["machine_busy_pct"] = _busy(window_samples)
+    if i.sequence_span is None:
+        fig["events_per_s"] = None
+        missing["events_per_s"] = (
+            "the events sequence could not be read from GET /api/shell at the window's edges"
+        )
+    else:
+        fig["events_per_s"] = (i.sequence_span[1] - i.sequence_span[0]) / i.window_s
+    _git(window_samples, len(done), fig, missing)
+    fig["limit"] = physical_limit(i.sessions, i.window_s, i.profile.think_s, i.fixture_turn_s)
+    fig["turns_per_limit"] = ratio(len(done), fig["limit"])
+
+    subs, polls, snap = i.load["subscribers"], i.load["pollers"], i.load["snapshot"]
+    fig["subscriber_events"], fig["subscriber_resyncs"] = subs["events"], subs["resyncs"]
+    fig["session_resyncs"] = i.load["session_resyncs"]
+    fig["subscribe_p50_ms"] = percentile(subs["subscribe_ms"], 50)
+    fig["approvals"], fig["polls"] = polls["approvals"], polls["polls"]
+    fig["pending_p50_ms"], fig["shell_p50_ms"] = (
+        percentile(polls["pending_ms"], 50),
+        percentile(polls["shell_ms"], 50),
+    )
+    fig["snapshot_polls"], fig["snapshot_p50_ms"] = (
+        snap["polls"],
+        percentile(snap["snapshot_ms"], 50),
+    )
+    _driver(i.load, fig)
+    return fig, missing
+
+
+def _driver(load: dict[str, Any], fig: dict[str, Any]) -> None:
+    lag = load.get("driver_lag_ms") or []
+    fig["driver_lag_p99_ms"], fig["driver_lag_max_ms"] = percentile(lag, 99), maximum(lag)
+    fig["errors"] = sum((load.get("errors") or {}).get("counts", {}).values())
+
+
+def burst_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
+    at = i.load["burst_at"]
+    fig: dict[str, Any] = {}
+    missing: dict[str, str] = {}
+    turns = turns_of(i.load)
+    done = [t for t in turns if t["status"] == "completed"]
+    fig["sessions"] = i.sessions
+    fig["turns_completed"] = len(done)
+    replies = [t["reply_done"] for t in turns]
+    ends = [t["end"] for t in turns]
+    complete = len(turns) == i.sessions and all(r is not None for r in replies)
+    fig["replies_done_s"] = max(replies) - at if complete and replies else None
+    fig["turns_done_s"] = max(ends) - at if ends and all(e is not None for e in ends) else None
+    if fig["replies_done_s"] is None:
+        missing["replies_done_s"] = "not every reply completed before the burst timeout"
+    if fig["turns_done_s"] is None:
+        missing["turns_done_s"] = "not every turn ended before the burst timeout"
+    dispatch = [t["dispatch_ms"] for t in turns if t["dispatch_ms"] is not None]
+    fig["dispatch_p50_ms"], fig["dispatch_max_ms"] = percentile(dispatch, 50), maximum(dispatch)
+    last = max((e for e in ends if e is not None), default=at) + 1.0
+    window_samples = [s for s in i.samples if at <= s.t <= last]
+    _memory(window_samples, i.spawner_seen, fig, missing)
+    _git(window_samples, len(done), fig, missing)
+    _driver(i.load, fig)
+    return fig, missing
+
+
+def series_rows(
+    samples: Sequence[Sample],
+    probes: Sequence[Sequence[Any]],
+    turns: list[dict[str, Any]],
+    origin: float,
+    period: float,
+) -> list[dict[str, Any]]:
+    """The per-period series for a run's CSV: memory, CPU, health and turns per period."""
+    if not samples:
+        return []
+    first = samples[0].t - period
+
+    def slot(t: float) -> int:
+        return int((t - first) // period)
+
+    done: dict[int, int] = {}
+    for t in turns:
+        if t["end"] is not None:
+            done[slot(t["end"])] = done.get(slot(t["end"]), 0) + 1
+    health: dict[int, list[float]] = {}
+    lag: dict[int, list[float]] = {}
+    for p in probes:
+        if p[1] is not None:
+            health.setdefault(slot(p[0]), []).append(p[1])
+        if p[2] is not None:
+            lag.setdefault(slot(p[0]), []).append(p[2])
+    rows = []
+    for s in samples:
+        k = slot(s.t) - 1  # the period that ends at this sample
+        rows.append({
+            "t_s": round(s.t - origin, 3),
+            "daemon_rss_mib": s.daemon_rss, "daemon_pss_mib": s.daemon_pss, "daemon_cpu_s": s.daemon_cpu,
+            "spawner_rss_mib": s.spawner_rss, "spawner_pss_mib": s.spawner_pss, "spawner_cpu_s": s.spawner_cpu,
+            "providers": s.providers, "providers_rss_mib": round(s.providers_rss, 1),
+            "providers_cpu_s": round(s.providers_cpu, 2), "driver_cpu_s": s.driver_cpu,
+            "machine_busy_jiffies": s.machine_busy, "machine_total_jiffies": s.machine_total,
+            "git_calls": s.git_calls, "turns_done": done.get(k, 0),
+            "health_max_ms": maximum(health.get(k, [])), "loop_lag_max_ms": maximum(lag.get(k, [])),
+        })  # fmt: skip
+    return rows

@@ -1,0 +1,250 @@
+"""``summary.json`` and ``report.md`` from a benchmark's runs. Pure (text in, text out).
+
+The summary holds every run (valid or not, with its reasons), the medians over the valid
+runs per configuration and session count, and with ``--compare`` the ratio B / A of each
+median. The report puts a table under every chart and lists every run, invalid ones
+marked, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from bench.figures import BURST_FIGURES, STEADY_EXTRAS, STEADY_FIGURES
+from bench.stats import median_figures, ratio
+
+LABELS = {
+    "turns_completed": "turns completed in the window",
+    "turn_p50_s": "turn p50 (s)",
+    "turn_p95_s": "turn p95 (s)",
+    "dispatch_p50_ms": "dispatch p50 (ms)",
+    "dispatch_p95_ms": "dispatch p95 (ms)",
+    "dispatch_max_ms": "dispatch max (ms)",
+    "first_item_p50_ms": "time to first streamed item p50 (ms)",
+    "first_item_p95_ms": "time to first streamed item p95 (ms)",
+    "sessions": "sessions",
+    "sessions_with_output": "sessions that produced output",
+    "loop_lag_p99_ms": "loop lag p99 (ms)",
+    "loop_lag_max_ms": "loop lag max (ms)",
+    "health_p50_ms": "health p50 (ms)",
+    "health_p99_ms": "health p99 (ms)",
+    "health_max_ms": "health max (ms)",
+    "daemon_rss_peak_mib": "daemon RSS peak (MiB)",
+    "daemon_pss_peak_mib": "daemon PSS peak (MiB)",
+    "spawner_rss_peak_mib": "spawner RSS peak (MiB)",
+    "spawner_pss_peak_mib": "spawner PSS peak (MiB)",
+    "providers_rss_peak_mib": "provider processes RSS peak (MiB)",
+    "total_rss_peak_mib": "daemon + spawner + providers RSS peak (MiB)",
+    "daemon_cpu_s": "daemon CPU (s)",
+    "spawner_cpu_s": "spawner CPU (s)",
+    "driver_cpu_s": "driver CPU (s)",
+    "providers_cpu_s": "provider processes CPU (s)",
+    "machine_busy_pct": "machine CPU busy (% of all CPUs, every process)",
+    "events_per_s": "events written per second",
+    "git_per_turn": "git processes per turn",
+    "limit": "physical limit (turns)",
+    "turns_per_limit": "turns ÷ limit",
+    "replies_done_s": "every reply done (s)",
+    "daemon_rss_first_third_mib": "daemon RSS, median of the window's first third (MiB)",
+    "daemon_rss_last_third_mib": "daemon RSS, median of the window's last third (MiB)",
+    "turns_done_s": "every turn done (s)",
+}
+
+
+def label(name: str) -> str:
+    return LABELS.get(name, name.replace("_", " "))
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value.is_integer() and abs(value) >= 1:
+            return f"{int(value):,}"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.3g}" if abs(value) < 1 else f"{value:.2f}"
+    return str(value)
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(" --- " for _ in header) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(fmt(c) if not isinstance(c, str) else c for c in row) + " |")
+    return "\n".join(lines)
+
+
+def figure_names(burst: bool) -> tuple[str, ...]:
+    return BURST_FIGURES if burst else STEADY_FIGURES + STEADY_EXTRAS
+
+
+def summarize(
+    runs: Sequence[dict[str, Any]], configs: Sequence[str], burst: bool
+) -> list[dict[str, Any]]:
+    """Per session count: each configuration's runs and medians over its valid runs, and B/A."""
+    names = figure_names(burst)
+    out = []
+    for n in sorted({r["sessions"] for r in runs}):
+        entry: dict[str, Any] = {"sessions": n, "configs": {}}
+        for config in configs:
+            mine = [r for r in runs if r["sessions"] == n and r["config"] == config]
+            valid = [r["figures"] for r in mine if r["valid"]]
+            entry["configs"][config] = {
+                "runs": [r["label"] for r in mine],
+                "valid_runs": len(valid),
+                "median": median_figures(valid, names),
+            }
+        if len(configs) == 2:
+            a, b = (entry["configs"][c]["median"] for c in configs)
+            entry["ratio"] = {name: ratio(b[name], a[name]) for name in names}
+        out.append(entry)
+    return out
+
+
+def _median_table(
+    entry: dict[str, Any],
+    configs: Sequence[str],
+    names: Sequence[str],
+    runs: Sequence[dict[str, Any]],
+) -> str:
+    """Medians (and B ÷ A), then every run of this session count, invalid ones marked."""
+    header = ["figure", *(f"median {c}" for c in configs)] + (
+        ["B ÷ A"] if len(configs) == 2 else []
+    )
+    mine = [r for r in runs if r["sessions"] == entry["sessions"]]
+    header += [r["label"] + ("" if r["valid"] else " (INVALID)") for r in mine]
+    rows = []
+    for n in names:
+        row = [label(n), *(entry["configs"][c]["median"][n] for c in configs)]
+        if len(configs) == 2:
+            row.append(entry["ratio"][n])
+        rows.append(row + [r["figures"].get(n) for r in mine])
+    return table(header, rows)
+
+
+def chart_table(
+    results: Sequence[dict[str, Any]], configs: Sequence[str], names: Sequence[str]
+) -> str:
+    """The numbers behind a chart: one row per session count, one column per figure and config."""
+    header = ["sessions"] + [
+        f"{label(n)} [{c}]" if len(configs) > 1 else label(n) for n in names for c in configs
+    ]
+    rows = [
+        [e["sessions"]] + [e["configs"][c]["median"][n] for n in names for c in configs]
+        for e in results
+    ]
+    return table(header, rows)
+
+
+def memory_table(runs: Sequence[dict[str, Any]]) -> str:
+    names = (
+        "daemon_rss_first_third_mib",
+        "daemon_rss_last_third_mib",
+        "daemon_rss_peak_mib",
+        "daemon_pss_peak_mib",
+    )
+    return table(
+        ["run", *(label(n) for n in names)],
+        [[r["label"], *(r["figures"].get(n) for n in names)] for r in runs],
+    )
+
+
+def render(
+    summary: dict[str, Any],
+    charts: Sequence[tuple[str, str, Sequence[str]]],
+    memory_png: str | None = None,
+) -> str:
+    """report.md: set-up, medians, every chart with its table, every run, missing figures."""
+    burst = summary["burst"]
+    configs = list(summary["configs"])
+    names = figure_names(burst)
+    out = [f"# t3d benchmark: {summary['profile']}", ""]
+    out += [f"- command: `{summary['command']}`", f"- started: {summary['started_at']}"]
+    m = summary["machine"]
+    out += [
+        f"- machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['mem_gib']:.1f} GiB RAM, Linux {m['kernel']}, Python {m['python']}; load average at start {m['loadavg']}"
+    ]
+    out += [f"- code: {summary.get('code', 'unknown')}"]
+    out += [f"- profile: {summary['profile_description']}"]
+    out += [
+        f"- fixture: `{summary['fixture']['name']}`, its own turn {summary['fixture']['turn_s']:.2f} s (mean), first streamed item {summary['fixture']['first_item_ms']:.0f} ms in"
+    ]
+    if not burst:
+        out += [
+            f"- warm-up {summary['warmup_s']:g} s, window {summary['window_s']:g} s, {summary['runs_per_config']} run(s) per configuration"
+        ]
+    for config, env in summary["configs"].items():
+        shown = " ".join(f"{k}={v}" for k, v in env.items()) or "the default settings"
+        out += [f"- configuration {config}: {shown}"]
+    out += [
+        "- medians over valid runs; a run is valid only if every session produced provider output in the window"
+        + (" (burst: every turn completed)" if burst else ""),
+        "",
+    ]
+    for entry in summary["results"]:
+        valid = ", ".join(
+            f"{c}: {entry['configs'][c]['valid_runs']} of {len(entry['configs'][c]['runs'])} valid"
+            for c in configs
+        )
+        out += [
+            f"## {entry['sessions']} session(s) ({valid})",
+            "",
+            _median_table(entry, configs, names, summary["runs"]),
+            "",
+        ]
+    for title, png, chart_names in charts:
+        out += [
+            f"## {title}",
+            "",
+            f"![{title}]({png})",
+            "",
+            chart_table(summary["results"], configs, chart_names),
+            "",
+        ]
+    if memory_png:
+        out += [
+            "## Daemon memory over the run",
+            "",
+            f"![Daemon memory]({memory_png})",
+            "",
+            memory_table(summary["runs"]),
+            "",
+        ]
+    out += ["## Every run", ""]
+    key = (
+        (
+            "turns_completed",
+            "turn_p50_s",
+            "dispatch_p50_ms",
+            "loop_lag_p99_ms",
+            "daemon_rss_peak_mib",
+        )
+        if not burst
+        else ("replies_done_s", "turns_done_s", "dispatch_p50_ms", "daemon_rss_peak_mib")
+    )
+    rows = [
+        [
+            r["label"],
+            "valid" if r["valid"] else "**INVALID**",
+            "; ".join(r["reasons"]) or "",
+            *[r["figures"].get(k) for k in key],
+        ]
+        for r in summary["runs"]
+    ]
+    out += [table(["run", "valid", "why not", *(label(k) for k in key)], rows), ""]
+    missing = {(name, reason) for r in summary["runs"] for name, reason in r["missing"].items()}
+    if missing:
+        out += ["## Figures not measured", ""]
+        out += [f"- {label(name)}: {reason}" for name, reason in sorted(missing)]
+        out += [""]
+    notes = [f"- {r['label']}: {n}" for r in summary["runs"] for n in r["notes"] if "\n" not in n]
+    if notes:
+        out += ["## Notes", "", *notes, ""]
+    return "\n".join(out)

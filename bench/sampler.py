@@ -1,0 +1,105 @@
+"""Per-period samples of the daemon, its spawner sidecar, the provider processes and the
+driver's own processes, read from /proc (see ``bench.procfs``).
+
+One `Sample` per period (1 s by default, 100 ms for a burst). The spawner is looked up by
+its socket path until found (it may start after the daemon, or restart); when it is never
+found it is reported absent, not as 0. Every provider process seen is remembered (pid and
+start time) so the coordinator can check that none outlives the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import attrs
+import trio
+
+from bench import procfs
+
+
+@attrs.frozen
+class Sample:
+    t: float
+    daemon_rss: float | None
+    daemon_pss: float | None
+    daemon_cpu: float | None
+    spawner_rss: float | None
+    spawner_pss: float | None
+    spawner_cpu: float | None
+    providers: int
+    providers_rss: float
+    driver_cpu: float | None
+    providers_cpu: float
+    machine_busy: int  # jiffies of all CPUs, busy and total (/proc/stat)
+    machine_total: int
+    git_calls: int | None
+
+
+@attrs.define
+class Sampler:
+    daemon_pid: int
+    spawner_socket: str
+    git_log: str | None
+    driver_pids: list[int] = attrs.field(factory=list)
+    samples: list[Sample] = attrs.field(factory=list)
+    spawner: procfs.ProcessId | None = None
+    spawner_seen: bool = False
+    providers_seen: set[procfs.ProcessId] = attrs.field(factory=set)
+
+    def sample_once(self) -> Sample:
+        if self.spawner is None or not self.spawner.alive():
+            pid = procfs.find_spawner(self.spawner_socket)
+            self.spawner = procfs.ProcessId.of(pid) if pid is not None else None
+            self.spawner_seen = self.spawner_seen or self.spawner is not None
+        roots = [self.daemon_pid] + ([self.spawner.pid] if self.spawner else [])
+        providers = [
+            p for p in procfs.descendants(roots) if self.spawner is None or p != self.spawner.pid
+        ]
+        rss_total = cpu_total = 0.0
+        for pid in providers:
+            rss = procfs.statm_rss_mib(pid)
+            cpu = procfs.cpu_s(pid)
+            if rss is not None and cpu is not None:
+                rss_total += rss
+                cpu_total += cpu
+                ident = procfs.ProcessId.of(pid)
+                if ident is not None:
+                    self.providers_seen.add(ident)
+        spawner = self.spawner.pid if self.spawner else None
+        driver = [procfs.cpu_s(p) for p in [os.getpid(), *self.driver_pids]]
+        busy, total = procfs.machine_cpu()
+        sample = Sample(
+            t=time.monotonic(),
+            daemon_rss=procfs.rss_mib(self.daemon_pid),
+            daemon_pss=procfs.pss_mib(self.daemon_pid),
+            daemon_cpu=procfs.cpu_s(self.daemon_pid),
+            spawner_rss=procfs.rss_mib(spawner) if spawner else None,
+            spawner_pss=procfs.pss_mib(spawner) if spawner else None,
+            spawner_cpu=procfs.cpu_s(spawner) if spawner else None,
+            providers=len(providers),
+            providers_rss=rss_total,
+            driver_cpu=sum(c for c in driver if c is not None),
+            providers_cpu=cpu_total,
+            machine_busy=busy,
+            machine_total=total,
+            git_calls=_git_calls(self.git_log),
+        )
+        self.samples.append(sample)
+        return sample
+
+    async def run(self, period_s: float) -> None:
+        while True:
+            started = time.monotonic()
+            await trio.to_thread.run_sync(self.sample_once)
+            await trio.sleep(max(0.0, started + period_s - time.monotonic()))
+
+
+def _git_calls(log: str | None) -> int | None:
+    """Git processes started so far: the git shim appends one 2-byte line per call."""
+    if log is None:
+        return None
+    try:
+        return os.stat(log).st_size // 2
+    except FileNotFoundError:
+        return 0

@@ -1,0 +1,289 @@
+"""The benchmark harness (bench/): its pure parts, its fixtures, and one smoke run end to end.
+
+The smoke run starts a real daemon through ``python -m bench run --profile smoke`` and
+checks that the harness works: a valid run, every figure measured or missing with a
+reason, the CSVs, summary.json and report.md written, nothing left running. It never
+asserts a speed: the machine may be busy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from harness import REPO, new_thread, open_client, run_turn, start_daemon
+
+from bench import fixture, procfs, report
+from bench.__main__ import parse_compare, parse_sessions
+from bench.daemon import daemon_env, prepare_state
+from bench.figures import BURST_FIGURES, STEADY_FIGURES
+from bench.prober import lag_of
+from bench.profiles import PROFILES, physical_limit, start_offsets
+from bench.stats import median_figures, percentile, ratio, validity
+
+# --- statistics --------------------------------------------------------------------------
+
+
+def test_percentiles_interpolate_between_ranks_and_are_none_for_no_values() -> None:
+    assert percentile([], 50) is None
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile(range(1, 101), 99) == pytest.approx(99.01)
+    assert percentile([5, 1, 3], 0) == 1 and percentile([5, 1, 3], 100) == 5
+    with pytest.raises(ValueError):
+        percentile([1], 101)
+
+
+def test_ratio_is_missing_rather_than_zero_or_infinite() -> None:
+    assert ratio(3, 4) == 0.75
+    assert ratio(None, 4) is None and ratio(3, None) is None and ratio(3, 0) is None
+
+
+def test_the_physical_limit_is_sessions_times_window_over_think_plus_turn() -> None:
+    assert physical_limit(250, 300, 60, 6) == pytest.approx(250 * 300 / 66)
+    assert physical_limit(1, 300, 4, 6) == 30
+
+
+def test_first_turns_spread_over_one_cycle_at_most_the_warmup() -> None:
+    assert start_offsets(4, 60, 6, 60) == [0, 15, 30, 45]
+    assert start_offsets(2, 1, 6, 60) == [0, 3.5]
+    assert start_offsets(3, 1, 6, 0) == [0, 0, 0]
+
+
+def test_a_run_is_valid_only_if_every_session_produced_output() -> None:
+    assert validity({"sessions": 3, "sessions_with_output": 3}, burst=False) == []
+    assert validity({"sessions": 3, "sessions_with_output": 2}, burst=False) == [
+        "2 of 3 sessions produced output in the window"
+    ]
+    assert validity({"sessions": 3}, burst=False) == [
+        "0 of 3 sessions produced output in the window"
+    ]
+    assert validity({"sessions": 2, "turns_completed": 1}, burst=True) == [
+        "1 of 2 burst turns completed"
+    ]
+    broken = {
+        "sessions": 1,
+        "sessions_with_output": 1,
+        "harness_errors": ["the load process failed"],
+    }
+    assert validity(broken, burst=False) == ["the load process failed"]
+
+
+def test_medians_skip_missing_values_and_never_invent_one() -> None:
+    runs: list[dict[str, Any]] = [{"a": 1.0, "b": None}, {"a": 3.0, "b": None}, {"a": 2.0}]
+    assert median_figures(runs, ["a", "b"]) == {"a": 2.0, "b": None}
+
+
+def test_ab_summaries_give_each_configuration_and_the_ratio() -> None:
+    def run(label: str, config: str, turns: int, valid: bool = True) -> dict[str, Any]:
+        return {
+            "label": label,
+            "config": config,
+            "sessions": 5,
+            "valid": valid,
+            "figures": {"turns_completed": turns},
+        }
+
+    runs = [
+        run("A1", "A", 10),
+        run("B1", "B", 12),
+        run("A2", "A", 20),
+        run("B2", "B", 1, valid=False),
+    ]
+    (entry,) = report.summarize(runs, ["A", "B"], burst=False)
+    assert entry["configs"]["A"]["median"]["turns_completed"] == 15
+    assert entry["configs"]["B"] == {
+        "runs": ["B1", "B2"],
+        "valid_runs": 1,
+        "median": entry["configs"]["B"]["median"],
+    }
+    assert entry["configs"]["B"]["median"]["turns_completed"] == 12
+    assert entry["ratio"]["turns_completed"] == pytest.approx(0.8)
+
+
+def test_command_line_lists() -> None:
+    assert parse_compare("T3D_A=false 'T3D_B=x y'") == {"T3D_A": "false", "T3D_B": "x y"}
+    assert parse_sessions("50,100, 250") == [50, 100, 250]
+    with pytest.raises(SystemExit):
+        parse_compare("T3D_A")
+    with pytest.raises(SystemExit):
+        parse_sessions("0")
+
+
+def test_the_daemon_gets_only_the_configured_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("T3D_PORT", "1234")
+    state = prepare_state(tmp_path / "state", None)
+    env = daemon_env(state, {"T3D_SQLITE_READER_POOL": "1"})
+    assert env["T3D_SQLITE_READER_POOL"] == "1" and "T3D_PORT" not in env
+    if state.git_log is not None:  # git processes are counted through a shim first on PATH
+        assert env["PATH"].startswith(str(state.root / "bench-bin"))
+        assert (state.project / ".git").is_dir()
+
+
+# --- /proc parsing ---------------------------------------------------------------------
+
+
+def test_proc_parsers() -> None:
+    stat = "42 (we (ird) name) S 7 " + " ".join(["0"] * 9) + " 250 150 0 0 0 0 0 0 99 0"
+    ppid, cpu, start = procfs.parse_stat(stat)
+    assert (ppid, start) == (7, 99) and cpu == pytest.approx(400 / procfs.CLOCK_TICKS)
+    assert procfs.parse_status_kib("Name:\tx\nVmRSS:\t  2048 kB\n", "VmRSS") == 2048
+    assert procfs.parse_status_kib("Name:\tx\n", "VmRSS") is None
+    assert procfs.parse_statm_rss_bytes("100 25 3 1 0 5 0") == 25 * procfs.PAGE_BYTES
+    assert procfs.parse_proc_stat_cpu("cpu  10 0 5 80 5 0 0 0 0 0\ncpu0 1\n") == (15, 100)
+
+
+def test_the_spawner_is_recognized_by_module_and_socket() -> None:
+    sock = "/s/spawner.sock"
+    assert procfs.is_spawner(["python", "-m", "spawner", "--socket", sock], sock)
+    assert procfs.is_spawner(["python", "-m", "spawner", f"--socket={sock}"], sock)
+    assert not procfs.is_spawner(["python", "-m", "spawner", "--socket", "/other.sock"], sock)
+    assert not procfs.is_spawner(["python", "-m", "t3d", "--socket", sock], sock)
+
+
+def test_the_prober_reads_loop_lag_and_tolerates_its_absence() -> None:
+    assert lag_of(b'{"loop_lag_ms": {"last": 1.5, "p99": 3, "max": 9}}') == (1.5, 3, 9)
+    assert lag_of(b'{"status": "ok"}') == (None, None, None)
+    assert lag_of(b"not json") == (None, None, None)
+
+
+# --- fixtures ----------------------------------------------------------------------------
+
+
+def _bench_timings() -> list[fixture.TurnTiming]:
+    return fixture.read_timings(fixture.fixture_path(fixture.TURNS_NAME))
+
+
+def test_the_checked_in_fixtures_are_what_the_builder_makes(tmp_path: Path) -> None:
+    fixture.write(tmp_path)
+    for built in sorted(tmp_path.iterdir()):
+        assert built.read_bytes() == (fixture.OUT_DIR / built.name).read_bytes(), (
+            f"run python -m bench.fixture ({built.name})"
+        )
+
+
+def test_the_bench_fixture_has_the_issue_shape() -> None:
+    timings = _bench_timings()
+    assert len(timings) == 5
+    assert all(150 <= t.stdout_lines <= 300 for t in timings)
+    assert all(1 <= t.tool_calls <= 3 for t in timings)
+    assert sum(t.prompts for t in timings) == 1  # one turn in five asks
+    assert all(5.5 <= t.duration_ms / 1000 <= 6.5 for t in timings)
+    assert sum(t.duration_ms for t in timings) / 5 == pytest.approx(6000, abs=100)
+    assert all(t.first_item_ms == pytest.approx(1700, abs=50) for t in timings)
+
+
+def test_the_burst_fixture_streams_five_deltas_20_ms_apart() -> None:
+    path = fixture.fixture_path(fixture.BURST_NAME)
+    lines = path.read_text().splitlines()
+    rows = [
+        row.split("\t")
+        for row in Path(str(path)[: -len(".jsonl")] + ".timing.tsv").read_text().splitlines()
+    ]
+    at = {int(index): int(ms) for ms, _, index in rows}
+    deltas = [at[i] for i, line in enumerate(lines) if '"text_delta"' in line]
+    assert len(deltas) == 5 and {b - a for a, b in itertools.pairwise(deltas)} == {20}
+    assert '"type":"tool_use"' not in path.read_text()
+
+
+def test_every_fixture_line_has_a_recorded_shape() -> None:
+    def shape(raw: str) -> tuple[Any, ...]:
+        host = raw.startswith(fixture.HOST)
+        obj = orjson.loads(raw[len(fixture.HOST) :] if host else raw)
+        event = obj.get("event") or {}
+        return (
+            host,
+            obj.get("type"),
+            obj.get("subtype"),
+            event.get("type"),
+            (event.get("delta") or {}).get("type"),
+        )
+
+    recorded = {shape(r) for r in fixture.RECORDING.read_text().splitlines() if r.strip()}
+    for name in (fixture.TURNS_NAME, fixture.BURST_NAME):
+        built = {shape(r) for r in fixture.fixture_path(name).read_text().splitlines()}
+        assert built <= recorded, built - recorded
+
+
+async def test_the_fake_cli_replays_the_bench_fixture_through_the_daemon(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    with trio.fail_after(30):
+        daemon = await start_daemon(
+            nursery,
+            tmp_path / "state",
+            replay_fixture=str(fixture.fixture_path(fixture.TURNS_NAME)),
+        )
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, tmp_path)
+            for expected in _bench_timings():
+                outcome = await run_turn(client, thread_id, "go")
+                assert outcome.turn["status"] == "completed"
+                assert len(outcome.of_kind("tool_call")) == expected.tool_calls
+                assert [r["status"] for r in outcome.requests] == ["resolved"] * expected.prompts
+                assert outcome.assistant_text and all(outcome.assistant_text)
+        daemon.stop()
+
+
+async def test_the_fake_cli_replays_the_burst_fixture_through_the_daemon(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    with trio.fail_after(20):
+        daemon = await start_daemon(
+            nursery,
+            tmp_path / "state",
+            replay_fixture=str(fixture.fixture_path(fixture.BURST_NAME)),
+        )
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, tmp_path)
+            outcome = await run_turn(client, thread_id, "go")
+        assert outcome.turn["status"] == "completed"
+        assert len(outcome.assistant_text) == 1 and not outcome.of_kind("tool_call")
+        daemon.stop()
+
+
+# --- the harness end to end --------------------------------------------------------------
+
+
+async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with trio.fail_after(90):
+        done = await trio.run_process(
+            [sys.executable, "-m", "bench", "run", "--profile", "smoke", "--out", str(out)],
+            cwd=REPO, capture_stdout=True, capture_stderr=True, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    summary = orjson.loads((out / "summary.json").read_bytes())
+    (run,) = summary["runs"]
+    assert run["valid"], run["reasons"]
+    for name in STEADY_FIGURES:
+        value = run["figures"].get(name)
+        assert value is not None or run["missing"].get(name), (
+            f"{name} is neither measured nor explained"
+        )
+        assert value is None or (isinstance(value, (int, float)) and math.isfinite(value))
+    assert (
+        run["figures"]["sessions_with_output"]
+        == run["figures"]["sessions"]
+        == PROFILES["smoke"].sessions
+    )
+    label = run["label"]
+    series = (out / f"{label}.csv").read_text().splitlines()
+    assert series[0].startswith("t_s,daemon_rss_mib") and len(series) > 10
+    assert len((out / f"{label}.turns.csv").read_text().splitlines()) > 1
+    text = (out / "report.md").read_text()
+    assert "turns ÷ limit" in text and label in text
+    assert not list(out.glob("state-*")), "the run's state dir is removed"
+    assert not procfs.processes_under(str(out)), "a process the run started is still alive"
+
+
+def test_every_figure_has_a_label_in_the_report() -> None:
+    assert all(n in report.LABELS for n in BURST_FIGURES + STEADY_FIGURES)
