@@ -118,6 +118,9 @@ def bind_socket(path: str) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Variables the daemon set only to start us: our children must not inherit them.
+    for name in os.environ.pop("T3D_SPAWNER_UNSET", "").split(","):
+        os.environ.pop(name, None)
     try:
         args = parse_args(sys.argv[1:] if argv is None else argv)
     except UsageError as exc:

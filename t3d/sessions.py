@@ -166,10 +166,12 @@ class Sessions:
             await self._store.execute(c.FinishTurn(turn_id, "failed", error, reason))
 
     async def stop_all(self) -> None:
-        for thread_id in list(self._live):
-            live = self._live.pop(thread_id)
-            with trio.move_on_after(1):
-                await live.inbox.send(ev.StopProviderSession(thread_id))
+        """Ask every session to stop, all at once (a session ending meanwhile is fine);
+        a session whose inbox is full stops when it reaches the inbox's end."""
+        lives, self._live = self._live, {}
+        for thread_id, live in lives.items():
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                live.inbox.send_nowait(ev.StopProviderSession(thread_id))
             await live.inbox.aclose()
 
 

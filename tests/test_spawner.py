@@ -53,6 +53,11 @@ async def test_run_returns_output_status_and_kills_the_group_on_timeout(tmp_path
         async with open_spawner(settings(tmp_path)) as spawner:
             ok = await spawner.run(["sh", "-c", "cat; echo done >&2"], cwd=str(tmp_path), stdin=b"input")
             assert (ok.returncode, ok.stdout, ok.stderr, ok.timed_out) == (0, b"input", b"done\n", False)
+            # A command run with the spawner's environment does not see what only the
+            # spawner itself needed to start.
+            env = await spawner.run(["env"], cwd=str(tmp_path))
+            names = {line.split(b"=", 1)[0] for line in env.stdout.splitlines()}
+            assert not names & {b"T3D_SPAWNER_UNSET", b"MALLOC_ARENA_MAX"}
             # A grandchild in the same group dies with the child when the timeout hits.
             marker = tmp_path / "grandchild.pid"
             slow = await spawner.run(

@@ -94,7 +94,11 @@ class SidecarSpawner:
             argv += ["--git-pool", str(self._settings.spawner_git_pool)]
         if self._settings.spawner_forge_pool is not None:
             argv += ["--forge-pool", str(self._settings.spawner_forge_pool)]
-        env = {**os.environ, "PYTHONPATH": str(Path(spawner_package.__file__).parent.parent), "MALLOC_ARENA_MAX": "2"}
+        # What the spawner needs to start (its package on the path, fewer malloc arenas) but
+        # its children must not inherit: it unsets the names listed in T3D_SPAWNER_UNSET.
+        added = {"PYTHONPATH": str(Path(spawner_package.__file__).parent.parent), "MALLOC_ARENA_MAX": "2"}
+        added = {name: value for name, value in added.items() if name not in os.environ}
+        env = {**os.environ, **added, "T3D_SPAWNER_UNSET": ",".join(added)}
         try:
             # The daemon's one process start: its own session, so a Ctrl-C to the terminal
             # reaches the daemon (which then stops it) and not the spawner directly.
