@@ -31,6 +31,7 @@ STEADY_FIGURES = (
     "daemon_rss_peak_mib", "daemon_pss_peak_mib", "spawner_rss_peak_mib", "spawner_pss_peak_mib",
     "providers_rss_peak_mib", "total_rss_peak_mib", "daemon_cpu_s", "spawner_cpu_s", "driver_cpu_s",
     "providers_cpu_s", "machine_busy_pct", "events_per_s", "git_per_turn", "limit", "turns_per_limit",
+    "gate_closed_pct", "daemon_child_processes",
 )  # fmt: skip
 STEADY_EXTRAS = (
     "turns_failed", "turns_in_flight", "health_failures", "providers_peak",
@@ -57,6 +58,9 @@ class Inputs:
     samples: Sequence[Sample]
     sequence_span: tuple[int, int] | None  # events sequence at window start and end
     spawner_seen: bool
+    # Seconds the admission gate had been closed, at window start and end (/api/health).
+    saturated_span: tuple[float, float] | None = None
+    daemon_children: int | None = None  # processes the daemon started itself (not the spawner)
 
 
 def turns_of(load: dict[str, Any]) -> list[dict[str, Any]]:
@@ -180,6 +184,12 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     else:
         fig["events_per_s"] = (i.sequence_span[1] - i.sequence_span[0]) / i.window_s
     _git(window_samples, len(done), fig, missing)
+    if i.saturated_span is None:
+        fig["gate_closed_pct"] = None
+        missing["gate_closed_pct"] = "the daemon's /api/health reports no admission.saturated_s"
+    else:
+        fig["gate_closed_pct"] = 100 * (i.saturated_span[1] - i.saturated_span[0]) / i.window_s
+    fig["daemon_child_processes"] = i.daemon_children
     fig["limit"] = physical_limit(i.sessions, i.window_s, i.profile.think_s, i.fixture_turn_s)
     fig["turns_per_limit"] = ratio(len(done), fig["limit"])
 

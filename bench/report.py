@@ -42,6 +42,8 @@ LABELS = {
     "providers_cpu_s": "provider processes CPU (s)",
     "machine_busy_pct": "machine CPU busy (% of all CPUs, every process)",
     "events_per_s": "events written per second",
+    "gate_closed_pct": "admission gate closed (% of window)",
+    "daemon_child_processes": "processes the daemon started (spawner aside)",
     "git_per_turn": "git processes per turn",
     "limit": "physical limit (turns)",
     "turns_per_limit": "turns ÷ limit",

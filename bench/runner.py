@@ -89,6 +89,17 @@ async def _sequence(client: HttpClient) -> int | None:
     return value if isinstance(value, int) else None
 
 
+async def _saturated_s(client: HttpClient) -> float | None:
+    """Seconds the daemon's admission gate has been closed so far, if it says."""
+    try:
+        health = await client.request("GET", "/api/health")
+    except (HttpError, OSError, trio.BrokenResourceError):
+        return None
+    admission = health.get("admission") if isinstance(health, dict) else None
+    value = admission.get("saturated_s") if isinstance(admission, dict) else None
+    return float(value) if isinstance(value, int | float) else None
+
+
 async def _stop_process(process: trio.Process) -> None:
     with trio.CancelScope(shield=True):
         if process.returncode is None:
@@ -111,6 +122,7 @@ async def run_once(spec: RunSpec) -> RunResult:
     probe_out = spec.out / f"{spec.label}.health.json"
     t0 = time.monotonic()
     span: list[int | None] = [None, None]
+    gate: list[float | None] = [None, None]
     sampler: Sampler | None = None
     try:
         async with d.open_daemon(
@@ -121,7 +133,7 @@ async def run_once(spec: RunSpec) -> RunResult:
                 state.spawner_socket,
                 str(state.git_log) if state.git_log else None,
             )
-            t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, errors)
+            t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, gate, errors)
             if daemon.process.returncode is not None:
                 errors.append(
                     f"the daemon exited with status {daemon.process.returncode} during the run; see {daemon.log}"
@@ -136,7 +148,7 @@ async def run_once(spec: RunSpec) -> RunResult:
     left = _leftovers(state, sampler)
     if left:
         errors.append(f"{len(left)} process(es) outlived the daemon and were killed: {left[:5]}")
-    result = _result(spec, turn_s, load_out, probe_out, sampler, span, t0, errors, notes)
+    result = _result(spec, turn_s, load_out, probe_out, sampler, span, gate, t0, errors, notes)
     if not spec.keep_state:
         _remove_state(state.root)
     return result
@@ -144,7 +156,8 @@ async def run_once(spec: RunSpec) -> RunResult:
 
 async def _drive(
     spec: RunSpec, daemon: d.RunningDaemon, sampler: Sampler, turn_s: float,
-    load_out: Path, probe_out: Path, span: list[int | None], errors: list[str],
+    load_out: Path, probe_out: Path, span: list[int | None], gate: list[float | None],
+    errors: list[str],
 ) -> float:  # fmt: skip
     config = {
         "port": daemon.port, "token": daemon.token, "project": str(daemon.state.project),
@@ -184,9 +197,9 @@ async def _drive(
                 )
                 sampler.driver_pids.append(prober.pid)
                 await trio.sleep(max(0.0, start - time.monotonic()))
-                span[0] = await _sequence(client)
+                span[0], gate[0] = await _sequence(client), await _saturated_s(client)
                 await trio.sleep(max(0.0, end - time.monotonic()))
-                span[1] = await _sequence(client)
+                span[1], gate[1] = await _sequence(client), await _saturated_s(client)
             with trio.move_on_at(
                 trio_deadline(end + (BURST_TIMEOUT_S if spec.profile.burst else 0) + FINISH_GRACE_S)
             ):
@@ -232,7 +245,8 @@ def _remove_state(root: Path) -> None:
 
 def _result(
     spec: RunSpec, turn_s: float, load_out: Path, probe_out: Path, sampler: Sampler | None,
-    span: list[int | None], t0: float, errors: list[str], notes: list[str],
+    span: list[int | None], gate: list[float | None], t0: float, errors: list[str],
+    notes: list[str],
 ) -> RunResult:  # fmt: skip
     (spec.out / f"{spec.label}.load-config.json").unlink(
         missing_ok=True
@@ -257,6 +271,8 @@ def _result(
         sampler.samples if sampler else [],
         (span[0], span[1]) if span[0] is not None and span[1] is not None else None,
         sampler.spawner_seen if sampler else False,
+        (gate[0], gate[1]) if gate[0] is not None and gate[1] is not None else None,
+        len(sampler.daemon_children_seen) if sampler else None,
     )  # fmt: skip
     fig, missing = (figures.burst_figures if spec.profile.burst else figures.steady_figures)(inputs)
     fig["harness_errors"] = errors

@@ -4,7 +4,9 @@ driver's own processes, read from /proc (see ``bench.procfs``).
 One `Sample` per period (1 s by default, 100 ms for a burst). The spawner is looked up by
 its socket path until found (it may start after the daemon, or restart); when it is never
 found it is reported absent, not as 0. Every provider process seen is remembered (pid and
-start time) so the coordinator can check that none outlives the daemon.
+start time) so the coordinator can check that none outlives the daemon, and so is every
+direct child of the daemon other than the spawner (processes the daemon created itself;
+one that lives less than a sample period can be missed).
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ class Sampler:
     spawner: procfs.ProcessId | None = None
     spawner_seen: bool = False
     providers_seen: set[procfs.ProcessId] = attrs.field(factory=set)
+    # Processes the daemon itself started (its direct children), the spawner aside.
+    daemon_children_seen: set[procfs.ProcessId] = attrs.field(factory=set)
 
     def sample_once(self) -> Sample:
         if self.spawner is None or not self.spawner.alive():
@@ -67,6 +71,9 @@ class Sampler:
                 if ident is not None:
                     self.providers_seen.add(ident)
         spawner = self.spawner.pid if self.spawner else None
+        for pid in procfs.children(self.daemon_pid):
+            if pid != spawner and (ident := procfs.ProcessId.of(pid)) is not None:
+                self.daemon_children_seen.add(ident)
         driver = [procfs.cpu_s(p) for p in [os.getpid(), *self.driver_pids]]
         busy, total = procfs.machine_cpu()
         sample = Sample(

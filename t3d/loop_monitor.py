@@ -1,43 +1,130 @@
-"""`run_loop_monitor`: how late the loop wakes, sampled continuously.
+"""`LoopMonitor.run`: how late the loop wakes, sampled continuously.
 
-A task sleeps `INTERVAL_S` and records how much longer than that it slept
-(the loop's lag). The last `WINDOW` samples are kept (a ring buffer), enough
-for p99/max over the last ~10 s. Health reports them; the admission gate
-will read them too.
+A task sleeps `INTERVAL_S` (10 ms) and records how much longer than that it
+slept: the loop's lag. While nothing else has run since its last sample (an
+idle daemon) it sleeps `IDLE_INTERVAL_S` instead, so idling costs ten wakeups
+a second, not a hundred; the first task step of new work brings it back to
+10 ms on its next sample (a stall still shows: the monitor oversleeps it).
+Samples are kept for `WINDOW_S` seconds (a ring buffer of at most `WINDOW`
+timestamped samples). Health reports p50/p99/max over the window; the
+admission gate reads p99 over the last second.
+
+A Trio instrument times every task step and keeps the slowest few since the
+last report (bounded: `SLOW_STEPS`). When lag passes `STALL_WARNING_S`, a
+warning names the task steps that held the loop.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import logging
+import time
 from collections import deque
+from collections.abc import Callable
 
 import attrs
 import trio
 
-INTERVAL_S = 0.05
-WINDOW = 200
+log = logging.getLogger("t3d.loop")
+
+INTERVAL_S = 0.01
+IDLE_INTERVAL_S = 0.1
+WINDOW_S = 10.0
+WINDOW = int(WINDOW_S / INTERVAL_S)
+STALL_WARNING_S = 1.0
+SLOW_STEPS = 5
 
 
 @attrs.frozen
 class LagStatistics:
     last_ms: float
+    p50_ms: float
     p99_ms: float
     max_ms: float
 
 
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
+
+
+class StepTimer(trio.abc.Instrument):
+    """Times task steps; keeps the `SLOW_STEPS` slowest (duration, task name) seen."""
+
+    def __init__(self) -> None:
+        self._started = 0.0
+        self.slowest: list[tuple[float, str]] = []  # a min-heap of the slowest steps
+        self.owner: trio.lowlevel.Task | None = None  # the monitor's own task
+        self.others_ran = False  # a task other than the monitor stepped since the last take()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._started = time.perf_counter()
+        if task is not self.owner:
+            self.others_ran = True
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        took = time.perf_counter() - self._started
+        if len(self.slowest) < SLOW_STEPS:
+            heapq.heappush(self.slowest, (took, task.name))
+        elif took > self.slowest[0][0]:
+            heapq.heapreplace(self.slowest, (took, task.name))
+
+    def take(self) -> list[tuple[float, str]]:
+        slowest, self.slowest = sorted(self.slowest, reverse=True), []
+        self.others_ran = False
+        return slowest
+
+
 class LoopMonitor:
     def __init__(self) -> None:
-        self.samples: deque[float] = deque(maxlen=WINDOW)
+        self.samples: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (when, lag s)
+        self._steps = StepTimer()
+        self._listeners: list[Callable[[float], None]] = []
+
+    def on_sample(self, listener: Callable[[float], None]) -> None:
+        """Call ``listener(now)`` after every sample (on the loop; it must not block)."""
+        self._listeners.append(listener)
+
+    def record(self, now: float, lag: float) -> None:
+        self.samples.append((now, lag))
+        for listener in self._listeners:
+            listener(now)
+
+    def _since(self, now: float, seconds: float) -> list[float]:
+        recent = itertools.takewhile(lambda s: now - s[0] <= seconds, reversed(self.samples))
+        return sorted(lag for _, lag in recent)
 
     def statistics(self) -> LagStatistics:
         if not self.samples:
-            return LagStatistics(0.0, 0.0, 0.0)
-        ordered = sorted(self.samples)
-        p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-        return LagStatistics(round(self.samples[-1] * 1000, 3), round(p99 * 1000, 3), round(ordered[-1] * 1000, 3))
+            return LagStatistics(0.0, 0.0, 0.0, 0.0)
+        ordered = self._since(trio.current_time(), WINDOW_S) or [0.0]
+        return LagStatistics(
+            round(self.samples[-1][1] * 1000, 3),
+            round(_percentile(ordered, 0.50) * 1000, 3),
+            round(_percentile(ordered, 0.99) * 1000, 3),
+            round(ordered[-1] * 1000, 3),
+        )
+
+    def recent_p99_ms(self, seconds: float = 1.0) -> float:
+        """p99 lag over the last ``seconds`` (what the admission gate watches)."""
+        return _percentile(self._since(trio.current_time(), seconds), 0.99) * 1000
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        while True:
-            before = trio.current_time()
-            await trio.sleep(INTERVAL_S)
-            self.samples.append(max(0.0, trio.current_time() - before - INTERVAL_S))
+        self._steps.owner = trio.lowlevel.current_task()
+        trio.lowlevel.add_instrument(self._steps)
+        try:
+            task_status.started()
+            interval = INTERVAL_S
+            while True:
+                before = trio.current_time()
+                await trio.sleep(interval)
+                now = trio.current_time()
+                lag = max(0.0, now - before - interval)
+                self.record(now, lag)
+                interval = INTERVAL_S if self._steps.others_ran else IDLE_INTERVAL_S
+                slowest = self._steps.take()
+                if lag >= STALL_WARNING_S:
+                    steps = ", ".join(f"{name} {took * 1000:.0f} ms" for took, name in slowest)
+                    log.warning("the event loop stalled for %.2f s; slowest task steps: %s", lag, steps)
+        finally:
+            trio.lowlevel.remove_instrument(self._steps)

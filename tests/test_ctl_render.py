@@ -327,20 +327,32 @@ def test_status_counts_live_threads_and_archived_ones_apart() -> None:
         {"id": "a", "status": "running"},
         {"id": "b", "status": "waiting"},
         {"id": "c", "status": "idle"},
+        {"id": "e", "status": "queued", "queue_reason": "max_active_turns"},
         {"id": "d", "status": "idle", "archived_at": 5.0},
     ]
     counts = count_threads(threads)
     assert counts == {
-        "threads": 3,
+        "threads": 4,
         "running_threads": 1,
         "waiting_threads": 1,
+        "queued_threads": 1,
         "archived_threads": 1,
     }
     text = format_status(
         "http://127.0.0.1:3774", {"status": "ok", "version": "0.1.0", "uptime_s": 61}, 2, counts
     )
     assert text.splitlines()[0] == "t3d 0.1.0 at http://127.0.0.1:3774: ok, up 1m 1s"
-    assert "3 (1 running, 1 waiting for approval, 1 archived)" in text
+    assert "4 (1 running, 1 waiting for approval, 1 held, 1 archived)" in text
+    degraded = {
+        "status": "degraded",
+        "reasons": ["the event loop is saturated; new turns are held back"],
+        "admission": {"state": "saturated", "held_turns": 3},
+    }
+    lines = format_status("http://x", degraded, 0, counts).splitlines()
+    assert lines[-2:] == [
+        "          the event loop is saturated; new turns are held back",
+        "admission saturated: 3 turn(s) held",
+    ]
 
 
 def test_threads_table_aligns_columns_oldest_first() -> None:

@@ -93,6 +93,8 @@ TURN_COMMANDS = [
     ),
     st.builds(_command(c.RespondToRequest, R), _sels(1), st.sampled_from(["allow", "deny", "cancel", "maybe"])),
     st.builds(_command(c.InterruptTurn, T), _sels(1)),
+    st.builds(_command(c.HoldTurn, U), _sels(1), st.sampled_from(["loop_saturated", "max_active_turns", "bogus"])),
+    st.builds(_command(c.AdmitTurn, U), _sels(1)),
     st.just(lambda state: c.RecoverAfterRestart()),
 ]
 SETUP_COMMANDS = [
@@ -124,11 +126,14 @@ def check_invariants(state: State) -> None:
     for thread in state.threads.values():
         open_turns = state.open_turns(thread.id)
         active = [t for t in open_turns if t.status in ACTIVE_TURN_STATUSES]
-        assert len(active) <= 1, "a thread runs at most one turn at a time"
-        expected = "waiting" if any(t.status == "waiting" for t in active) else "running" if active else "idle"
+        held = [t for t in open_turns if t.held]
+        assert len(active) + len(held) <= 1, "a thread runs (or holds) at most one turn at a time"
+        busy = active or held
+        expected = "waiting" if any(t.status == "waiting" for t in active) else "running" if active else "queued" if held else "idle"
         assert thread.status == expected, "thread status is derived from its turns"
+        assert thread.queue_reason == (held[0].queue_reason if held else None), "a queued thread says why"
         if open_turns:
-            assert active and open_turns[0] is active[0], "a queued turn waits only behind an active one"
+            assert busy and open_turns[0] is busy[0], "a queued turn waits only behind an active or held one"
         ordinals = sorted(t.ordinal for t in state.turns.values() if t.thread_id == thread.id)
         assert ordinals == list(range(1, len(ordinals) + 1)), "turn ordinals are dense"
     for turn in state.turns.values():

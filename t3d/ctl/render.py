@@ -375,6 +375,7 @@ def count_threads(threads: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         "threads": len(live),
         "running_threads": sum(1 for thread in live if thread.get("status") == "running"),
         "waiting_threads": sum(1 for thread in live if thread.get("status") == "waiting"),
+        "queued_threads": sum(1 for thread in live if thread.get("status") == "queued"),
         "archived_threads": len(threads) - len(live),
     }
 
@@ -389,8 +390,13 @@ def format_status(
         f"t3d {health.get('version', '?')} at {url}: {health.get('status', '?')}{up}",
         f"projects  {projects}",
         f"threads   {counts['threads']} ({counts['running_threads']} running, "
-        f"{counts['waiting_threads']} waiting for approval, {counts['archived_threads']} archived)",
+        f"{counts['waiting_threads']} waiting for approval, {counts.get('queued_threads', 0)} held, "
+        f"{counts['archived_threads']} archived)",
     ]
+    lines += [f"          {reason}" for reason in health.get("reasons") or ()]
+    admission = health.get("admission")
+    if isinstance(admission, Mapping) and admission.get("state") not in (None, "off", "open"):
+        lines.append(f"admission {admission.get('state')}: {admission.get('held_turns', 0)} turn(s) held")
     return "\n".join(lines) + "\n"
 
 
@@ -402,6 +408,8 @@ def format_threads_table(threads: Sequence[Mapping[str, Any]], *, title_chars: i
     rows = [header]
     for thread in sorted(threads, key=lambda t: t.get("created_at") or 0):
         status = "archived" if thread.get("archived_at") else str(thread.get("status", "?"))
+        if status == "queued" and thread.get("queue_reason"):
+            status = f"queued ({thread['queue_reason']})"
         rows.append(
             (
                 str(thread.get("id", "?")),

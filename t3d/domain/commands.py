@@ -73,6 +73,21 @@ class RespondToRequest:
 
 
 @attrs.frozen
+class HoldTurn:
+    """Admission holds a starting turn back: it goes back to ``queued`` with ``reason``."""
+
+    turn_id: str
+    reason: str
+
+
+@attrs.frozen
+class AdmitTurn:
+    """Admission lets a held turn start."""
+
+    turn_id: str
+
+
+@attrs.frozen
 class MarkTurnRunning:
     """The provider accepted the turn's input."""
 
@@ -131,4 +146,5 @@ ClientCommand = (
     | RespondToRequest
 )
 ProviderCommand = MarkTurnRunning | RecordItems | OpenRequest | FinishTurn | RecordSession
-Command = ClientCommand | ProviderCommand | RecoverAfterRestart
+AdmissionCommand = HoldTurn | AdmitTurn
+Command = ClientCommand | ProviderCommand | AdmissionCommand | RecoverAfterRestart

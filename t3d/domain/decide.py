@@ -9,8 +9,13 @@ that records them. A rule that fails raises `DomainError` with a stable
 Rules worth knowing:
 - A thread runs one turn at a time. A turn started while another is open is
   ``queued`` (reason ``thread_busy``) and starts when the open one ends.
+- Admission may hold a ``starting`` turn back (``HoldTurn``): it is ``queued``
+  again with a hold reason (``loop_saturated``, ``max_active_turns``...), stays
+  first on its thread, and starts on ``AdmitTurn``. After a restart a held turn
+  starts again (and meets admission again).
 - Thread status is derived: ``waiting`` while a turn waits on a request,
-  ``running`` while a turn is active, else ``idle``.
+  ``running`` while a turn is active, ``queued`` (with the reason) while its
+  next turn is held by admission, else ``idle``.
 - Every turn ends with exactly one terminal record; pending requests of a
   finished turn are cancelled (expired after a restart).
 """
@@ -36,6 +41,7 @@ from t3d.domain.events import (
 from t3d.domain.model import (
     ACTIVE_TURN_STATUSES,
     DECISIONS,
+    HOLD_REASONS,
     PROVIDERS,
     RUNNABLE_PROVIDERS,
     TERMINAL_TURN_STATUSES,
@@ -105,9 +111,11 @@ class _Draft:
 
     def refresh_thread_status(self, thread_id: str) -> None:
         thread = self.thread(thread_id)
-        status = _derived_status(self.open_turns(thread_id))
-        if status != thread.status:
-            self.put(attrs.evolve(thread, status=status))
+        open_turns = self.open_turns(thread_id)
+        status = _derived_status(open_turns)
+        reason = open_turns[0].queue_reason if status == "queued" else None
+        if (status, reason) != (thread.status, thread.queue_reason):
+            self.put(attrs.evolve(thread, status=status, queue_reason=reason))
 
     def decision(self, **result: Any) -> Decision:
         return Decision(self.events, self.effects, result)
@@ -119,6 +127,8 @@ def _derived_status(open_turns: list[Turn]) -> ThreadStatus:
         return "waiting"
     if statuses & ACTIVE_TURN_STATUSES:
         return "running"
+    if open_turns and open_turns[0].held:
+        return "queued"
     return "idle"
 
 
@@ -289,6 +299,23 @@ def _mark_turn_running(d: _Draft, cmd: c.MarkTurnRunning, now: float) -> Decisio
     return d.decision(turn_id=turn.id)
 
 
+def _hold_turn(d: _Draft, cmd: c.HoldTurn, now: float) -> Decision:
+    _require(cmd.reason in HOLD_REASONS, "invalid", f"hold reason {cmd.reason!r} is unknown")
+    turn = d.turn(cmd.turn_id)
+    _require(turn.status == "starting", "conflict", f"turn {turn.id!r} is {turn.status}, not starting")
+    d.put(attrs.evolve(turn, status="queued", queue_reason=cmd.reason))
+    d.refresh_thread_status(turn.thread_id)
+    return d.decision(turn_id=turn.id, status="queued")
+
+
+def _admit_turn(d: _Draft, cmd: c.AdmitTurn, now: float) -> Decision:
+    turn = d.turn(cmd.turn_id)
+    _require(turn.held, "conflict", f"turn {turn.id!r} is {turn.status}, not held")
+    d.put(attrs.evolve(turn, status="starting", queue_reason=None))
+    d.refresh_thread_status(turn.thread_id)
+    return d.decision(turn_id=turn.id, status="starting")
+
+
 def _upsert_item(d: _Draft, item: TurnItem, turn: Turn) -> TurnItem:
     existing = d.get(TurnItem, item.id, d.view.item)
     if existing is not None:
@@ -376,9 +403,11 @@ def _finish_open_turns(d: _Draft, thread_id: str, now: float, status: str, error
     d.refresh_thread_status(thread_id)
 
 
-def _start_next_queued(d: _Draft, thread_id: str) -> None:
+def _start_next_queued(d: _Draft, thread_id: str, *, restart_held: bool = False) -> None:
+    """Start the thread's first queued turn if nothing is open ahead of it. A held turn
+    stays held (admission releases it), unless ``restart_held`` (after a restart)."""
     open_turns = d.open_turns(thread_id)
-    if any(t.status in ACTIVE_TURN_STATUSES for t in open_turns):
+    if any(t.status in ACTIVE_TURN_STATUSES or (t.held and not restart_held) for t in open_turns):
         return
     queued = [t for t in open_turns if t.status == "queued"]
     if not queued:
@@ -415,7 +444,7 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
     for session in d.view.live_sessions():
         d.put(attrs.evolve(session, status="exited", exited_at=now))
     for thread_id in sorted(threads):
-        _start_next_queued(d, thread_id)
+        _start_next_queued(d, thread_id, restart_held=True)
         d.refresh_thread_status(thread_id)
     return d.decision(threads=len(threads))
 
@@ -429,6 +458,8 @@ _RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
     c.StartTurn: _start_turn,
     c.InterruptTurn: _interrupt_turn,
     c.RespondToRequest: _respond_to_request,
+    c.HoldTurn: _hold_turn,
+    c.AdmitTurn: _admit_turn,
     c.MarkTurnRunning: _mark_turn_running,
     c.RecordItems: _record_items,
     c.OpenRequest: _open_request,

@@ -18,12 +18,15 @@ JsonDict = dict[str, Any]
 PROVIDERS = ("claude", "codex", "replay")
 RUNNABLE_PROVIDERS = ("claude", "replay")
 
-ThreadStatus = Literal["idle", "running", "waiting"]
+ThreadStatus = Literal["idle", "running", "waiting", "queued"]
 TurnStatus = Literal[
     "queued", "starting", "running", "waiting", "completed", "interrupted", "failed", "cancelled"
 ]
 TERMINAL_TURN_STATUSES = frozenset({"completed", "interrupted", "failed", "cancelled"})
 ACTIVE_TURN_STATUSES = frozenset({"starting", "running", "waiting"})
+# Why a turn that could start is held back as ``queued`` by the daemon's admission
+# (not by its thread: ``thread_busy`` queues wait behind an open turn of their own).
+HOLD_REASONS = frozenset({"loop_saturated", "max_active_turns", "memory_pressure"})
 
 ItemKind = Literal[
     "user_message",
@@ -70,6 +73,8 @@ class Thread:
     status: ThreadStatus
     created_at: float
     archived_at: float | None = None
+    # Why the thread's next turn is held (status ``queued``): its turn's hold reason.
+    queue_reason: str | None = None
 
 
 @attrs.frozen
@@ -94,6 +99,11 @@ class Turn:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_TURN_STATUSES
+
+    @property
+    def held(self) -> bool:
+        """Queued by admission: next on its thread, waiting for the daemon to let it start."""
+        return self.status == "queued" and self.queue_reason in HOLD_REASONS
 
 
 @attrs.frozen

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -66,6 +67,8 @@ class WriterThread:
         self._ready: outcome.Outcome[None] | None = None
         self._thread = threading.Thread(target=self._main, name="t3d-writer", daemon=True)
         self.jobs_done = 0
+        # When each job still in the thread's queue was sent (loop side; jobs finish in order).
+        self._sent_at: deque[float] = deque()
 
     # --- loop side -------------------------------------------------------------
 
@@ -82,6 +85,10 @@ class WriterThread:
         """Jobs submitted and not yet delivered."""
         return self._capacity - self._slots.value
 
+    def oldest_job_age(self) -> float:
+        """Seconds the oldest unfinished job has waited (0 when idle)."""
+        return trio.current_time() - self._sent_at[0] if self._sent_at else 0.0
+
     async def run(self, fn: Callable[[apsw.Connection], T], deliver: Callable[[T], None] | None = None) -> T:
         """Run ``fn(conn)`` on the writer thread and return its result.
 
@@ -96,6 +103,7 @@ class WriterThread:
             self._slots.release()
             raise WriterClosedError("database writer is closed")
         job: _Job[T] = _Job(fn, deliver)
+        self._sent_at.append(trio.current_time())
         self._queue.put(job)
         await job.done.wait()
         assert job.result is not None
@@ -141,6 +149,7 @@ class WriterThread:
             self._token.run_sync_soon(self._complete, job)
 
     def _complete(self, job: _Job[Any]) -> None:
+        self._sent_at.popleft()
         if job.deliver is not None and isinstance(job.result, outcome.Value):
             job.deliver(job.result.value)
         job.done.set()
@@ -153,6 +162,7 @@ class WriterThread:
             except queue.Empty:
                 return
             if job is not _CLOSE:
+                self._sent_at.popleft()
                 job.result = outcome.Error(WriterClosedError("database writer is closed"))
                 job.done.set()
                 self._slots.release()

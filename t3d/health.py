@@ -1,0 +1,54 @@
+"""What `/api/health` says: built from in-memory figures only (no I/O), so it answers
+from the loop in microseconds even when the disk is saturated. Pure.
+
+Status: ``failing`` when the database writer has not finished a job for
+`WRITER_STUCK_S` (commits are stuck: the disk or the writer is in trouble);
+``degraded`` when the admission gate is saturated, the writer's oldest job has
+waited `WRITER_BEHIND_S`, or the spawner sidecar is not connected; else ``ok``.
+``reasons`` says which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+WRITER_BEHIND_S = 1.0
+WRITER_STUCK_S = 10.0
+
+
+def health_report(
+    *,
+    version: str,
+    uptime_s: float,
+    loop_lag_ms: dict[str, float],
+    writer_queue: int,
+    writer_oldest_job_s: float,
+    readers_busy: int,
+    admission: dict[str, Any],
+    sessions: int,
+    connections: int,
+    spawner: dict[str, Any],
+) -> dict[str, Any]:
+    reasons = []
+    if writer_oldest_job_s >= WRITER_STUCK_S:
+        reasons.append(f"the database writer has been on one job for {writer_oldest_job_s:.0f} s")
+    elif writer_oldest_job_s >= WRITER_BEHIND_S:
+        reasons.append(f"the database writer is behind (oldest job waiting {writer_oldest_job_s:.1f} s)")
+    if admission.get("state") == "saturated":
+        reasons.append("the event loop is saturated; new turns are held back")
+    if spawner.get("mode") == "sidecar" and not spawner.get("connected"):
+        reasons.append("the spawner sidecar is not connected; it is being restarted")
+    status = "failing" if writer_oldest_job_s >= WRITER_STUCK_S else "degraded" if reasons else "ok"
+    return {
+        "status": status,
+        "reasons": reasons,
+        "version": version,
+        "uptime_s": round(uptime_s, 3),
+        "loop_lag_ms": loop_lag_ms,
+        "writer": {"queue": writer_queue, "oldest_job_s": round(writer_oldest_job_s, 3)},
+        "readers_busy": readers_busy,
+        "admission": admission,
+        "sessions": sessions,
+        "connections": connections,
+        "spawner": spawner,
+    }
