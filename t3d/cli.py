@@ -32,6 +32,10 @@ SERVE_FLAGS = (
     ("--process-spawner", "process_spawner", "auto, required or off: start processes through the spawner sidecar (auto falls back to the daemon with a warning; off always uses the daemon) (T3D_PROCESS_SPAWNER; default auto)"),
     ("--spawner-git-pool", "spawner_git_pool", "git commands run at once, 1-256 (T3D_SPAWNER_GIT_POOL; default max(8, min(32, cpus // 4)))"),
     ("--spawner-forge-pool", "spawner_forge_pool", "gh/glab/tea commands run at once, 1-64 (T3D_SPAWNER_FORGE_POOL; default 4)"),
+    ("--effect-admission-delay-ms", "effect_admission_delay_ms", "loop-lag p99 mark in ms at which new turn starts are held back, 0 = off, else 30-60000 (T3D_EFFECT_ADMISSION_DELAY_MS; default 40)"),
+    ("--max-active-turns", "max_active_turns", "turns running at once, 0 = no cap; more wait as queued in FIFO order (T3D_MAX_ACTIVE_TURNS; default 0)"),
+    ("--loop-monitor", "loop_monitor", "on or off: sample loop lag every 10 ms (off only to measure its cost; the gate then stays open) (T3D_LOOP_MONITOR; default on)"),
+    ("--live-encode-once", "live_encode_once", "true or false: project and encode each live event once for all subscribers and share fresh snapshots per wave (false only to measure against) (T3D_LIVE_ENCODE_ONCE; default true)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
 )
 

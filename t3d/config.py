@@ -45,6 +45,15 @@ class Settings:
     # Pool sizes in the spawner; None = its defaults (git max(8, min(32, cpus // 4)), forge 4).
     spawner_git_pool: int | None = None
     spawner_forge_pool: int | None = None
+    # Loop-lag mark (ms, p99) at which turn starts are held back; 0 = the gate is off.
+    effect_admission_delay_ms: int = 40
+    # Turns running at once across the daemon; 0 = no cap.
+    max_active_turns: int = 0
+    # The loop monitor (lag samples every 10 ms); off only to measure its own cost.
+    loop_monitor: str = "on"
+    # Live events projected and encoded once for all subscribers, and fresh snapshots
+    # shared per wave; false projects per subscriber (only to measure against).
+    live_encode_once: bool = True
     log_level: str = "info"
 
     @property
@@ -129,6 +138,20 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _admission_mark(name: str, raw: str) -> int:
+    value = _int_in(0, 60000)(name, raw)
+    if 0 < value < 30:
+        raise ConfigError(f"{name}={raw!r} is out of range; use 0 (off) or 30 to 60000")
+    return value
+
+
+def _true_false(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ConfigError(f"{name}={raw!r} is not allowed; use true or false")
+    return value == "true"
+
+
 def _choice(*allowed: str) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         if raw.lower() not in allowed:
@@ -152,6 +175,10 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "process_spawner": ("T3D_PROCESS_SPAWNER", _choice("auto", "required", "off")),
     "spawner_git_pool": ("T3D_SPAWNER_GIT_POOL", _int_in(1, 256)),
     "spawner_forge_pool": ("T3D_SPAWNER_FORGE_POOL", _int_in(1, 64)),
+    "effect_admission_delay_ms": ("T3D_EFFECT_ADMISSION_DELAY_MS", _admission_mark),
+    "max_active_turns": ("T3D_MAX_ACTIVE_TURNS", _int_in(0, 100000)),
+    "loop_monitor": ("T3D_LOOP_MONITOR", _choice("on", "off")),
+    "live_encode_once": ("T3D_LIVE_ENCODE_ONCE", _true_false),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
 }
 

@@ -17,13 +17,15 @@ from typing import Any
 import attrs
 import trio
 
-from t3d.api.app import ApiApp, health_payload
+from t3d.admission.service import Admission
+from t3d.api.app import ApiApp
 from t3d.api.auth import load_or_create_token
 from t3d.api.methods import Methods
 from t3d.api.transport import TransportStats, serve_api_transport
 from t3d.config import Settings
 from t3d.effects import EffectQueue, run_effects
 from t3d.errors import StoreError
+from t3d.health import health_report
 from t3d.live.hub import Hub
 from t3d.loop_monitor import LoopMonitor
 from t3d.sessions import open_sessions
@@ -57,7 +59,7 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
             daemon_scope.cancel()
 
         async with open_store(settings.db_path, readers=settings.sqlite_reader_pool, on_writer_lost=on_writer_lost) as store:
-            hub = Hub()
+            hub = Hub(encode_once=settings.live_encode_once)
             effects = EffectQueue()
             store.on_commit(hub.publish)
             store.on_commit(effects.on_commit)
@@ -71,23 +73,35 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                 trio.open_nursery() as nursery,
             ):
 
+                admission = Admission(
+                    store,
+                    monitor,
+                    sessions.dispatch,
+                    mark_ms=settings.effect_admission_delay_ms if settings.loop_monitor == "on" else 0,
+                    max_active=settings.max_active_turns,
+                )
+                store.on_commit(admission.on_commit)
+
                 def health() -> dict[str, Any]:
                     lag = monitor.statistics()
                     stats = store.statistics()
-                    return health_payload(
-                        started,
-                        {
-                            "loop_lag_ms": {"last": lag.last_ms, "p99": lag.p99_ms, "max": lag.max_ms},
-                            "writer_queue": stats.writer_queue,
-                            "readers_busy": stats.readers_busy,
-                            "sessions": sessions.count,
-                            "connections": transport.statistics().open_connections,
-                            "spawner": attrs.asdict(spawner.statistics()),
-                        },
+                    return health_report(
+                        version=_version(),
+                        uptime_s=time.monotonic() - started,
+                        loop_lag_ms={"last": lag.last_ms, "p50": lag.p50_ms, "p99": lag.p99_ms, "max": lag.max_ms},
+                        writer_queue=stats.writer_queue,
+                        writer_oldest_job_s=stats.writer_oldest_job_s,
+                        readers_busy=stats.readers_busy,
+                        admission=admission.statistics(),
+                        sessions=sessions.count,
+                        connections=transport.statistics().open_connections,
+                        spawner=attrs.asdict(spawner.statistics()),
                     )
 
-                await nursery.start(monitor.run)
-                await nursery.start(run_effects, store, effects, sessions.dispatch)
+                if settings.loop_monitor == "on":
+                    await nursery.start(monitor.run)
+                await nursery.start(admission.run)
+                await nursery.start(run_effects, store, effects, admission.dispatch)
                 app = ApiApp(Methods(store), hub, token, health=health, spawner=spawner, bound=lambda: (settings.host, bound[0]))
                 port = await nursery.start(partial(serve_api_transport, stats=transport), app, settings.host, settings.port)
                 bound[0] = port

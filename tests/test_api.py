@@ -30,6 +30,7 @@ from harness import (
     run_turn,
     start_daemon,
 )
+from live_support import merge_chunks, write_flood_fixture
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 NOT_FOUND, CONFLICT = -32001, -32002
@@ -157,7 +158,8 @@ async def test_health_needs_no_token_and_everything_else_does(
         assert health["version"] == "0.1.0"
         assert health["uptime_s"] >= 0
         assert set(health["loop_lag_ms"]) >= {"last", "p99"}
-        assert health["writer_queue"] == 0
+        assert health["writer"] == {"queue": 0, "oldest_job_s": 0.0}
+        assert health["admission"]["state"] == "open"
 
         routes = [
             ("GET", "/api/shell"),
@@ -777,10 +779,11 @@ def assert_each_event_once(
     """A subscription's snapshot and events, up to its turn's end, hold exactly the thread's
     history: events are those after the snapshot's sequence, none missing, none repeated, and
     the snapshot's items updated by the events are the final items."""
-    assert [n["kind"] for n in notes[:2]] == ["snapshot.chunk", "snapshot.end"]
-    snapshot = notes[0]["data"]
-    assert all(n["kind"] == "event" for n in notes[2:])
-    events = [n["data"] for n in notes[2:]]
+    end = next(i for i, n in enumerate(notes) if n["kind"] == "snapshot.end")
+    assert end >= 1 and all(n["kind"] == "snapshot.chunk" for n in notes[:end])
+    snapshot = merge_chunks(notes[:end])
+    assert all(n["kind"] == "event" for n in notes[end + 1 :])
+    events = [n["data"] for n in notes[end + 1 :]]
     assert events == [
         e for e in all_events if snapshot["sequence"] < e["sequence"] <= events[-1]["sequence"]
     ]
@@ -890,55 +893,6 @@ async def all_thread_events(daemon: Daemon, thread_id: str) -> list[dict[str, An
 FLOOD_ITEMS = 1200
 
 
-def write_flood_fixture(path: Path, items: int) -> None:
-    """A one-turn recording whose answer is ``items`` separate assistant messages."""
-    session = "6175092a-f216-416d-a498-a026cc5bb015"
-    lines: list[Any] = [
-        {
-            "type": "system",
-            "subtype": "init",
-            "cwd": "/workspace",
-            "session_id": session,
-            "model": "claude-opus-4-8",
-            "tools": [],
-        }
-    ]
-    for n in range(items):
-        message = {
-            "id": f"msg_flood_{n}",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-opus-4-8",
-            "content": [{"type": "text", "text": f"line {n} " + "x" * 200}],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 1, "output_tokens": 1},
-        }
-        lines.append(
-            {
-                "type": "assistant",
-                "message": message,
-                "parent_tool_use_id": None,
-                "session_id": session,
-            }
-        )
-    lines.append(
-        {
-            "type": "result",
-            "subtype": "success",
-            "is_error": False,
-            "duration_ms": 1,
-            "num_turns": 1,
-            "result": "done",
-            "stop_reason": "end_turn",
-            "session_id": session,
-            "total_cost_usd": 0,
-            "usage": {"input_tokens": 1, "output_tokens": 1},
-        }
-    )
-    path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
-
-
 async def test_a_slow_subscriber_is_resynced_not_dropped(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
@@ -962,13 +916,14 @@ async def test_a_slow_subscriber_is_resynced_not_dropped(
             last_seq = outcome.events[-1]["sequence"]
 
             notes = await notes_for(slow, sub, lambda n: n["kind"] == "resync")
-            assert [n["kind"] for n in notes[:2]] == ["snapshot.chunk", "snapshot.end"]
-            stale = notes[2:-1]
+            end = next(i for i, n in enumerate(notes) if n["kind"] == "snapshot.end")
+            assert {n["kind"] for n in notes[:end]} == {"snapshot.chunk"}
+            stale = notes[end + 1 : -1]
             assert all(n["kind"] == "event" for n in stale)
             assert len(stale) <= 1000  # the daemon kept at most one buffer's worth for it
             fresh = await notes_for(slow, sub, lambda n: n["kind"] == "snapshot.end")
-            assert [n["kind"] for n in fresh] == ["snapshot.chunk", "snapshot.end"]
-            snapshot = fresh[0]["data"]
+            assert {n["kind"] for n in fresh[:-1]} == {"snapshot.chunk"}
+            snapshot = merge_chunks(fresh)
             assert snapshot["sequence"] >= last_seq
             assert snapshot["turns"][-1]["status"] == "completed"
             assert [

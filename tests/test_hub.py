@@ -52,8 +52,10 @@ def test_events_reach_only_their_thread_and_the_shell_gets_shell_rows() -> None:
     )
     assert [s for s, _ in mine.take()] == [1]
     assert other.take() == []
-    kinds = [d.split(b'"')[3] for _, d in shell.take()]
-    assert kinds == [b"project.updated", b"shell.updated", b"shell.removed"]
+    frames = shell.take()
+    assert [seq for seq, _ in frames] == [1, 2, 2]
+    kinds = [d.split(b'"')[3] for _, d in frames]
+    assert kinds == [b"shell.updated", b"project.updated", b"shell.removed"]
 
 
 def test_a_full_buffer_is_dropped_and_marked_for_resync() -> None:

@@ -7,41 +7,42 @@ Rules:
 - On a WebSocket each request runs in its own task (at most
   `MAX_IN_FLIGHT` per connection; beyond that the connection stops reading).
   A bad frame gets an error reply; the connection stays up.
-- Subscriptions: join the hub first, then read the snapshot, reply, send the
-  snapshot, and only then deliver live frames newer than it. Nothing falls
-  between snapshot and live, nothing is sent twice. One sender task per
-  connection drains its subscriptions; an overflowed subscription gets
-  ``resync`` and a fresh snapshot.
+- Subscriptions are served by `Feeds` (t3d/live/feeds.py): join the hub,
+  read a base (snapshot or replay), reply, send the base, go live; resync on
+  overflow. Closing the connection releases them all at once.
+- Snapshots over HTTP are one JSON object written in pieces of at most
+  256 KiB; every GET route refuses query parameters it does not know (a
+  misspelled ``turnLimit`` must not silently return the whole thread).
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 import trio
 import trio_websocket
 
-import t3d
 from t3d.api import jsonrpc as rpc
 from t3d.api.auth import bearer_ok, origin_allowed
-from t3d.api.methods import Methods
+from t3d.api.methods import Methods, thread_not_found
 from t3d.api.transport import HttpRequest, HttpResponse
 from t3d.errors import SpawnerError, T3dError
-from t3d.live.hub import Hub, Subscription
+from t3d.live.feeds import Feeds
+from t3d.live.hub import Hub
+from t3d.live.reads import BaseReader
 from t3d.spawn.child import Spawner
-from t3d.store.queries import MAX_TURN_LIMIT
+from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
 
 log = logging.getLogger("t3d.api")
 
 MAX_IN_FLIGHT = 32
-MAX_SUBSCRIPTIONS = 256
 
 _THREAD_PATH = re.compile(r"^/api/threads/([^/]+)$")
+_ITEM_PATH = re.compile(r"^/api/items/([^/]+)$")
 _RESPOND_PATH = re.compile(r"^/api/requests/([^/]+)/respond$")
 
 
@@ -71,6 +72,9 @@ class ApiApp:
         self.methods = methods
         self._spawner = spawner
         self.hub = hub
+        # Subscription bases; fresh snapshots shared per wave unless the hub projects per
+        # subscriber (the setting that turns project-once off turns this off too).
+        self.bases = BaseReader(methods.store, share=hub.encode_once)
         self._token = token
         self._health = health
         self._bound = bound
@@ -79,7 +83,8 @@ class ApiApp:
 
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
         if request.path == "/api/health" and request.method == "GET":
-            return _json(200, self._health())
+            report = self._health()
+            return _json(503 if report["status"] == "failing" else 200, report)
         if not bearer_ok(request.headers, self._token):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
         try:
@@ -89,11 +94,22 @@ class ApiApp:
 
     async def _route(self, r: HttpRequest) -> HttpResponse:
         if r.method == "GET" and r.path == "/api/shell":
-            return _json(200, await self.methods.store_shell())
+            _only_query(r, ())
+            return _pieces(await self.bases.shell_pieces())
         if r.method == "GET" and (m := _THREAD_PATH.match(r.path)):
+            _only_query(r, ("turn_limit", "before"))
             params = rpc.Params({"thread_id": m.group(1), **_int_query(r.query, ("turn_limit", "before"))})
-            return _json(200, await self.methods.thread_snapshot(params))
+            thread_id, turn_limit, before = self.methods.snapshot_params(params)
+            pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
+            if pieces is None:
+                raise thread_not_found(thread_id)
+            return _pieces(pieces)
+        if r.method == "GET" and (m := _ITEM_PATH.match(r.path)):
+            _only_query(r, ("path",))
+            path = _json_query(r.query, "path")
+            return _json(200, await self.methods.call("item.detail", {"item_id": m.group(1), "path": path}))
         if r.method == "GET" and r.path == "/api/requests/pending":
+            _only_query(r, ("thread_id",))
             return _json(200, await self.methods.call("requests.pending", {"thread_id": r.query.get("thread_id")}))
         if r.method == "POST" and (m := _RESPOND_PATH.match(r.path)):
             body = _body_object(r.body)
@@ -141,6 +157,28 @@ class ApiApp:
         await WsConnection(self, ws).run()
 
 
+def _pieces(pieces: list[bytes]) -> HttpResponse:
+    """A JSON body sent piece by piece (each at most 256 KiB)."""
+    return HttpResponse(200, parts=tuple(pieces))
+
+
+def _only_query(r: HttpRequest, allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(r.query) - set(allowed))
+    if unknown:
+        takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f"unknown query parameter {', '.join(unknown)} for {r.path}; {takes}")
+
+
+def _json_query(query: Any, name: str) -> Any:
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise rpc.RpcError(rpc.INVALID_PARAMS, f'{name} must be a JSON array such as ["data","result"], not {raw!r}') from None
+
+
 def _int_query(query: Any, names: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
@@ -167,13 +205,8 @@ class WsConnection:
     def __init__(self, app: ApiApp, ws: trio_websocket.WebSocketConnection) -> None:
         self.app = app
         self.ws = ws
-        self.subs: dict[str, Subscription] = {}
-        self._next_sub = 0
-        self._wake = trio.Event()
+        self.feeds = Feeds(app.hub, app.bases, self.send)
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
-
-    def wake(self) -> None:
-        self._wake.set()
 
     async def send(self, frame: bytes) -> None:
         await self.ws.send_message(frame.decode())
@@ -181,117 +214,45 @@ class WsConnection:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._run_sender)
+                nursery.start_soon(self.feeds.run)
                 while True:
                     message = await self.ws.get_message()
                     await self._in_flight.acquire()
                     nursery.start_soon(self._handle, message)
         finally:
-            for sub in self.subs.values():
-                self.app.hub.unsubscribe(sub)
-            self.subs.clear()
+            self.feeds.close()
 
     async def _handle(self, message: str | bytes) -> None:
+        request: rpc.Request | None = None
         try:
-            try:
-                request = rpc.parse_request(message)
-            except rpc.RpcError as exc:
-                await self.send(rpc.error_frame(exc.request_id, exc.code, exc.message, exc.data))
-                return
+            request = rpc.parse_request(message)
             if request.method in ("subscribe.thread", "subscribe.shell"):
                 await self._subscribe(request)
             elif request.method == "unsubscribe":
-                await self._unsubscribe(request)
+                p = rpc.Params(request.params)
+                sub_id = p.str("sub", max_len=50)
+                p.check()
+                self.feeds.unsubscribe(sub_id)
+                await self.send(rpc.result_frame(request.id, {"sub": sub_id}))
             else:
                 reply = await self.app.answer(request)
                 if not request.is_notification:
                     await self.send(reply)
+        except rpc.RpcError as exc:
+            request_id = exc.request_id if request is None else request.id
+            await self.send(rpc.error_frame(request_id, exc.code, exc.message, exc.data))
+        except T3dError as exc:
+            assert request is not None
+            await self.send(rpc.error_frame(request.id, rpc.INTERNAL_ERROR, str(exc)))
         finally:
             self._in_flight.release()
-
-    # --- subscriptions ------------------------------------------------------------------
 
     async def _subscribe(self, request: rpc.Request) -> None:
         p = rpc.Params(request.params)
         thread_id = p.str("thread_id", max_len=200) if request.method == "subscribe.thread" else None
-        turn_limit = p.opt_int("turn_limit", default=10, low=1, high=MAX_TURN_LIMIT)
-        p.opt_int("after_sequence", default=None, low=0, high=1 << 62)
-        try:
-            p.check()
-            if len(self.subs) >= MAX_SUBSCRIPTIONS:
-                raise rpc.RpcError(rpc.INVALID_REQUEST, f"a connection may hold at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe first")
-            self._next_sub += 1
-            sub = Subscription(f"s{self._next_sub}", "thread" if thread_id else "shell", thread_id, self.wake, turn_limit=turn_limit)
-            self.app.hub.subscribe(sub)  # join first, then read: nothing falls in between
-            self.subs[sub.sub_id] = sub
-            try:
-                snapshot = await self._read_snapshot(sub)
-            except BaseException:
-                self.app.hub.unsubscribe(sub)
-                del self.subs[sub.sub_id]
-                raise
-        except rpc.RpcError as exc:
-            await self.send(rpc.error_frame(request.id, exc.code, exc.message, exc.data))
-            return
-        await self.send(rpc.result_frame(request.id, {"sub": sub.sub_id, "sequence": snapshot["sequence"]}))
-        await self._send_snapshot(sub, snapshot)
+        turn_limit = p.opt_int("turn_limit", default=DEFAULT_TURN_LIMIT, low=1, high=MAX_TURN_LIMIT)
+        after = p.opt_int("after_sequence", default=None, low=0, high=1 << 62)
+        p.check()
+        topic: Literal["thread", "shell"] = "shell" if thread_id is None else "thread"
+        await self.feeds.subscribe(request.id, topic, thread_id, turn_limit, after)
 
-    async def _read_snapshot(self, sub: Subscription) -> dict[str, Any]:
-        if sub.thread_id is None:
-            return await self.app.methods.store_shell()
-        return await self.app.methods.snapshot(sub.thread_id, sub.turn_limit, None)
-
-    async def _send_snapshot(self, sub: Subscription, snapshot: dict[str, Any]) -> None:
-        seq = snapshot["sequence"]
-        await self.send(rpc.notification_frame(sub.sub_id, "snapshot.chunk", seq, orjson.dumps(snapshot)))
-        await self.send(rpc.notification_frame(sub.sub_id, "snapshot.end", seq, b'{"sequence":%d}' % seq))
-        sub.base_seq = seq
-        sub.live = True
-        self.wake()
-
-    async def _unsubscribe(self, request: rpc.Request) -> None:
-        p = rpc.Params(request.params)
-        sub_id = p.str("sub", max_len=50)
-        try:
-            p.check()
-            sub = self.subs.pop(sub_id, None)
-            if sub is None:
-                raise rpc.RpcError(rpc.NOT_FOUND, f"no subscription {sub_id!r} on this connection")
-        except rpc.RpcError as exc:
-            await self.send(rpc.error_frame(request.id, exc.code, exc.message, exc.data))
-            return
-        self.app.hub.unsubscribe(sub)
-        await self.send(rpc.result_frame(request.id, {"sub": sub_id}))
-
-    async def _run_sender(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            for sub in list(self.subs.values()):
-                if not sub.live:
-                    continue
-                if sub.needs_resync:
-                    await self._resync(sub)
-                    continue
-                for seq, data in sub.take():
-                    if seq > sub.base_seq:
-                        await self.send(rpc.notification_frame(sub.sub_id, "event", seq, data))
-
-    async def _resync(self, sub: Subscription) -> None:
-        sub.live = False
-        sub.needs_resync = False
-        sub.take()
-        await self.send(rpc.notification_frame(sub.sub_id, "resync", sub.base_seq, b'{"reason":"overflow"}'))
-        try:
-            snapshot = await self._read_snapshot(sub)
-        except rpc.RpcError:  # the thread is gone: say so, and the subscription ends
-            self.app.hub.unsubscribe(sub)
-            self.subs.pop(sub.sub_id, None)
-            gone = orjson.dumps({"kind": "thread.deleted", "sequence": None, "entity": {"id": sub.thread_id}})
-            await self.send(rpc.notification_frame(sub.sub_id, "event", sub.base_seq, gone))
-            return
-        await self._send_snapshot(sub, snapshot)
-
-
-def health_payload(started: float, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"status": "ok", "version": t3d.__version__, "uptime_s": round(time.monotonic() - started, 3), **extra}

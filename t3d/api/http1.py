@@ -39,6 +39,9 @@ class HttpResponse:
     status: int
     body: bytes = b""
     content_type: str = "application/json"
+    # More body, sent piece by piece after ``body`` (the length covers all), so a large
+    # body is never joined into one buffer and a hang-up is noticed between pieces.
+    parts: tuple[bytes, ...] = ()
     # Extra headers. Framing (Content-Length, Transfer-Encoding, Connection)
     # belongs to the transport, so those names are dropped.
     headers: tuple[tuple[str, str], ...] = ()
@@ -148,9 +151,17 @@ def encode_response(
     conn: h11.Connection, response: HttpResponse, *, close: bool, with_body: bool = True
 ) -> bytes:
     """The response's bytes; without its body (but with its length) when answering HEAD."""
+    return b"".join(encode_response_pieces(conn, response, close=close, with_body=with_body))
+
+
+def encode_response_pieces(
+    conn: h11.Connection, response: HttpResponse, *, close: bool, with_body: bool = True
+) -> list[bytes]:
+    """The response's bytes in pieces to send in order: head and ``body``, then each part."""
+    length = len(response.body) + sum(len(part) for part in response.parts)
     headers = [
         ("content-type", response.content_type),
-        ("content-length", str(len(response.body))),
+        ("content-length", str(length)),
         *(
             (name, value)
             for name, value in response.headers
@@ -159,9 +170,11 @@ def encode_response(
     ]
     if close:
         headers.append(("connection", "close"))
-    parts = [
-        conn.send(h11.Response(status_code=response.status, headers=headers)),
-        conn.send(h11.Data(data=response.body)) if response.body and with_body else b"",
-        conn.send(h11.EndOfMessage()),
-    ]
-    return b"".join(part for part in parts if part)
+    head = [conn.send(h11.Response(status_code=response.status, headers=headers))]
+    if response.body and with_body:
+        head.append(conn.send(h11.Data(data=response.body)))
+    pieces = [b"".join(p for p in head if p)]
+    if with_body:
+        pieces += [conn.send(h11.Data(data=part)) or b"" for part in response.parts if part]
+    pieces.append(conn.send(h11.EndOfMessage()) or b"")
+    return [piece for piece in pieces if piece]

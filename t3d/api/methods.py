@@ -19,6 +19,7 @@ import trio
 import t3d
 from t3d.api.jsonrpc import (
     DOMAIN_CODES,
+    INVALID_PARAMS,
     METHOD_NOT_FOUND,
     NOT_FOUND,
     Params,
@@ -27,11 +28,13 @@ from t3d.api.jsonrpc import (
 from t3d.domain import commands as c
 from t3d.domain.model import DECISIONS, PROVIDERS
 from t3d.errors import DomainError
+from t3d.live.reads import BaseReader
 from t3d.store.commit import Committed
-from t3d.store.queries import MAX_TURN_LIMIT
+from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
 from t3d.store.store import Store
 
 RUNTIME_MODES = ("approval-required", "auto-accept-edits", "full-access")
+MAX_PATH = 32
 
 Method = Callable[[Params], Awaitable[Any]]
 
@@ -51,6 +54,10 @@ def _absolute_path(raw: str) -> str:
     return path
 
 
+def thread_not_found(thread_id: str | None) -> RpcError:
+    return RpcError(NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+
+
 def _sequence(committed: Committed) -> int | None:
     return committed.events[-1].sequence if committed.events else None
 
@@ -58,6 +65,7 @@ def _sequence(committed: Committed) -> int | None:
 class Methods:
     def __init__(self, store: Store) -> None:
         self._store = store
+        self.reader = BaseReader(store)
         self.table: dict[str, Method] = {
             "server.hello": self.server_hello,
             "project.create": self.project_create,
@@ -71,7 +79,12 @@ class Methods:
             "turn.interrupt": self.turn_interrupt,
             "request.respond": self.request_respond,
             "requests.pending": self.requests_pending,
+            "item.detail": self.item_detail,
         }
+
+    @property
+    def store(self) -> Store:
+        return self._store
 
     async def call(self, method: str, params: dict[str, Any]) -> Any:
         handler = self.table.get(method)
@@ -160,22 +173,19 @@ class Methods:
         p.check()
         return await self._commit(p, c.DeleteThread(thread_id))
 
-    async def thread_snapshot(self, p: Params) -> Any:
+    def snapshot_params(self, p: Params) -> tuple[str, int, int | None]:
+        """``thread_id``, ``turn_limit`` and ``before`` of a snapshot request, checked."""
         thread_id = p.str("thread_id", max_len=200)
-        turn_limit = p.opt_int("turn_limit", default=10, low=1, high=MAX_TURN_LIMIT)
+        turn_limit = p.opt_int("turn_limit", default=DEFAULT_TURN_LIMIT, low=1, high=MAX_TURN_LIMIT)
         before = p.opt_int("before", default=None, low=1, high=1 << 62)
         p.check()
-        return await self.snapshot(thread_id, turn_limit, before)
+        return thread_id, turn_limit, before
 
-    async def store_shell(self) -> dict[str, Any]:
-        return await self._store.shell()
-
-    async def snapshot(self, thread_id: str, turn_limit: int, before: int | None) -> dict[str, Any]:
-        snapshot = await self._store.snapshot(thread_id, turn_limit, before)
+    async def thread_snapshot(self, p: Params) -> Any:
+        thread_id, turn_limit, before = self.snapshot_params(p)
+        snapshot = await self.reader.thread_snapshot_json(thread_id, turn_limit, before)
         if snapshot is None:
-            raise RpcError(
-                NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell"
-            )
+            raise thread_not_found(thread_id)
         return snapshot
 
     async def turn_start(self, p: Params) -> Any:
@@ -200,4 +210,32 @@ class Methods:
     async def requests_pending(self, p: Params) -> Any:
         thread_id = p.opt_str("thread_id", max_len=200)
         p.check()
-        return {"requests": await self._store.pending_requests(thread_id)}
+        return {"requests": await self.reader.pending_requests_json(thread_id)}
+
+    async def item_detail(self, p: Params) -> Any:
+        """The full value of an item (or a request) or of one of its fields: what the wire
+        summarizes (see ``truncated`` in an entity) is whole here."""
+        item_id = p.opt_str("item_id", max_len=400)
+        request_id = p.opt_str("request_id", max_len=400)
+        path = p.raw("path")
+        p.check()
+        if (item_id is None) == (request_id is None):
+            raise RpcError(INVALID_PARAMS, "give exactly one of item_id and request_id")
+        if path is None:
+            path = []
+        if not isinstance(path, list) or len(path) > MAX_PATH or not all(
+            isinstance(step, (str, int)) and not isinstance(step, bool) for step in path
+        ):
+            raise RpcError(
+                INVALID_PARAMS,
+                f"path must be a list of at most {MAX_PATH} keys and list indexes, as in an "
+                'entity\'s "truncated" entries (e.g. ["data", "result"])',
+            )
+        table, entity_id = ("items", item_id) if item_id is not None else ("requests", request_id)
+        try:
+            value = await self.reader.detail(table, entity_id, path)
+        except KeyError as exc:
+            raise RpcError(INVALID_PARAMS, f"path {path!r} is not in {table[:-1]} {entity_id!r}: {exc.args[0]}") from None
+        if value is None:
+            raise RpcError(NOT_FOUND, f"{table[:-1]} {entity_id!r} does not exist")
+        return {"id": entity_id, "path": path, "value": value}

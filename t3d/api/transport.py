@@ -37,6 +37,7 @@ from t3d.api.http1 import (
     body_too_large,
     declared_length,
     encode_response,
+    encode_response_pieces,
     error_response,
     handshake_problem,
     is_websocket_upgrade,
@@ -416,8 +417,8 @@ class _Connection:
     async def _send_response(
         self, response: HttpResponse, *, close: bool, with_body: bool = True
     ) -> None:
-        data = encode_response(self._h11, response, close=close, with_body=with_body)
-        await self._send_bytes(data)
+        for piece in encode_response_pieces(self._h11, response, close=close, with_body=with_body):
+            await self._send_bytes(piece)
 
     async def _send(self, event: h11.Event) -> None:
         data = self._h11.send(event)

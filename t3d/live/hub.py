@@ -1,38 +1,41 @@
-"""The live hub: committed events fanned out to subscriptions.
+"""The live hub: committed events fanned out to subscriptions. Pure: no trio, no I/O.
 
 Rules:
 - `publish` runs on the loop right after COMMIT, in sequence order. Each event
-  is turned into its wire form and encoded once; every subscription that
-  wants it gets the same bytes.
-- Fan-out never awaits: each subscription has a bounded buffer
-  (`MAX_ITEMS` frames or `MAX_BYTES`). A subscription that would pass the bound
-  drops its buffer and is marked for resync: its connection sends ``resync``,
-  a fresh snapshot, then live events again. A slow client never slows the
-  hub or other clients, and never grows memory.
+  is turned into its wire form (large fields summarized, wire.py) and encoded
+  once, only if someone wants it; every subscription that wants it gets the
+  same bytes object. (``encode_once=False`` projects and encodes per
+  subscriber instead: the old way, kept as a setting to measure against.)
+- Fan-out never awaits: each subscription has a bounded buffer (`MAX_ITEMS`
+  frames or `MAX_BYTES`). A frame that would pass the bound drops the whole
+  buffer and marks the subscription for resync: its connection sends
+  ``resync``, a fresh snapshot, then live events again. A slow client never
+  slows the hub or other clients, and never grows memory.
 - Thread subscriptions get their thread's events. Shell subscriptions get
-  project updates and one recomputed shell row per touched thread per commit.
+  project updates and the shell rows the writer recomputed once per touched
+  thread per commit, in sequence order.
+- A subscription buffers from the moment it joins, before its base (snapshot
+  or replay) is read; once the base is sent it goes live at the base's
+  sequence, and frames at or below it (already in the base) are skipped.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import attrs
 import orjson
 
-from t3d.store.commit import Committed
+from t3d.domain.codec import to_json
+from t3d.live.wire import event_frame, shell_row_frame
+from t3d.store.commit import Committed, StoredEvent
 
 MAX_ITEMS = 1000
 MAX_BYTES = 8 * 1024 * 1024
 
 Frame = tuple[int, bytes]  # (sequence, encoded wire event)
-
-
-def wire_event(kind: str, sequence: int, entity: bytes) -> bytes:
-    """``{"kind":K,"sequence":N,"entity":E}`` from already-encoded entity bytes."""
-    return b'{"kind":"%s","sequence":%d,"entity":%s}' % (kind.encode(), sequence, entity)
 
 
 @attrs.define(eq=False)
@@ -44,11 +47,13 @@ class Subscription:
     wake: Callable[[], None]
     frames: deque[Frame] = attrs.Factory(deque)
     buffered_bytes: int = 0
+    # Set when the buffer overflowed; frames are ignored until `begin_resync`.
     needs_resync: bool = False
     resyncs: int = 0
-    # Frames at or below the sequence of the snapshot the client holds are covered by it.
+    # The sequence of the base (snapshot or replay) the client holds: frames at or
+    # below it are covered by the base and never delivered.
     base_seq: int = 0
-    # False until the client has its snapshot; frames wait in the buffer meanwhile.
+    # False until the client has its base; frames wait in the buffer meanwhile.
     live: bool = False
     turn_limit: int = 10
     max_items: int = MAX_ITEMS
@@ -68,11 +73,34 @@ class Subscription:
             self.buffered_bytes += size
         self.wake()
 
+    def pop(self) -> Frame | None:
+        """The next frame to deliver (newer than the base), or None. Only while live."""
+        while self.live and not self.needs_resync and self.frames:
+            frame = self.frames.popleft()
+            self.buffered_bytes -= len(frame[1])
+            if frame[0] > self.base_seq:
+                return frame
+        return None
+
     def take(self) -> list[Frame]:
+        """Every buffered frame, delivered or not (tests and diagnostics)."""
         frames = list(self.frames)
         self.frames.clear()
         self.buffered_bytes = 0
         return frames
+
+    def begin_resync(self) -> None:
+        """Start over: drop the buffer and buffer again from now; a fresh base must follow,
+        read after this call, so that it covers every frame this subscription ignored."""
+        self.live = False
+        self.needs_resync = False
+        self.take()
+
+    def went_live(self, base_seq: int) -> None:
+        """The client holds a base up to ``base_seq``; deliver newer frames from now on."""
+        self.base_seq = base_seq
+        self.live = True
+        self.wake()
 
 
 @attrs.frozen
@@ -81,10 +109,13 @@ class HubStatistics:
     shell_subscriptions: int
     published: int
     resyncs: int
+    buffered_frames: int
+    buffered_bytes: int
 
 
 class Hub:
-    def __init__(self) -> None:
+    def __init__(self, *, encode_once: bool = True) -> None:
+        self.encode_once = encode_once
         self._threads: dict[str, set[Subscription]] = {}
         self._shell: set[Subscription] = set()
         self._published = 0
@@ -98,34 +129,43 @@ class Hub:
             self._threads.setdefault(sub.thread_id, set()).add(sub)
 
     def unsubscribe(self, sub: Subscription) -> None:
-        self._resyncs_of_closed += sub.resyncs
-        if sub.topic == "shell":
+        """Forget ``sub`` and drop its buffer (idempotent)."""
+        if sub in self._shell:
             self._shell.discard(sub)
-        elif sub.thread_id is not None:
-            subs = self._threads.get(sub.thread_id)
-            if subs is not None:
-                subs.discard(sub)
-                if not subs:
-                    del self._threads[sub.thread_id]
+        elif sub.thread_id is not None and sub in self._threads.get(sub.thread_id, ()):
+            subs = self._threads[sub.thread_id]
+            subs.discard(sub)
+            if not subs:
+                del self._threads[sub.thread_id]
+        else:
+            return
+        self._resyncs_of_closed += sub.resyncs
+        sub.take()
 
     def publish(self, committed: Committed) -> None:
+        shell: list[tuple[int, Callable[[], bytes]]] = []
         for event in committed.events:
             self._published += 1
-            frame = (event.sequence, wire_event(event.kind, event.sequence, event.payload))
             if event.kind == "project.updated":
-                for sub in self._shell:
-                    sub.push(frame)
-            elif event.thread_id is not None:
-                for sub in self._threads.get(event.thread_id, ()):
-                    sub.push(frame)
+                shell.append((event.sequence, _event_encoder(event)))
+            elif event.thread_id is not None and (subs := self._threads.get(event.thread_id)):
+                self._fan_out(subs, event.sequence, _event_encoder(event))
+        if not self._shell:
+            return
         for row in committed.shell:
-            if row.payload is None:
-                body = orjson.dumps({"id": row.thread_id})
-                frame = (row.sequence, wire_event("shell.removed", row.sequence, body))
-            else:
-                frame = (row.sequence, wire_event("shell.updated", row.sequence, row.payload))
-            for sub in self._shell:
+            shell.append((row.sequence, _row_encoder(row.thread_id, row.sequence, row.payload)))
+        shell.sort(key=lambda pair: pair[0])
+        for sequence, encode in shell:
+            self._fan_out(self._shell, sequence, encode)
+
+    def _fan_out(self, subs: Iterable[Subscription], sequence: int, encode: Callable[[], bytes]) -> None:
+        if self.encode_once:
+            frame = (sequence, encode())
+            for sub in subs:
                 sub.push(frame)
+        else:
+            for sub in subs:
+                sub.push((sequence, encode()))
 
     def statistics(self) -> HubStatistics:
         all_subs = [s for subs in self._threads.values() for s in subs] + list(self._shell)
@@ -134,4 +174,35 @@ class Hub:
             shell_subscriptions=len(self._shell),
             published=self._published,
             resyncs=self._resyncs_of_closed + sum(s.resyncs for s in all_subs),
+            buffered_frames=sum(len(s.frames) for s in all_subs),
+            buffered_bytes=sum(s.buffered_bytes for s in all_subs),
         )
+
+
+def _event_encoder(event: StoredEvent) -> Callable[[], bytes]:
+    """The event's wire frame. Called once per event (project once), or once per subscriber
+    (``encode_once=False``: then the entity itself is re-encoded each time, as a per-subscriber
+    projection would)."""
+    first = True
+
+    def encode() -> bytes:
+        nonlocal first
+        if first:
+            first = False
+            return event_frame(event.kind, event.sequence, event.payload)
+        return event_frame(event.kind, event.sequence, orjson.dumps(to_json(event.entity)))
+
+    return encode
+
+
+def _row_encoder(thread_id: str, sequence: int, payload: bytes | None) -> Callable[[], bytes]:
+    first = True
+
+    def encode() -> bytes:
+        nonlocal first
+        if first or payload is None:
+            first = False
+            return shell_row_frame(thread_id, sequence, payload)
+        return shell_row_frame(thread_id, sequence, orjson.dumps(orjson.loads(payload)))
+
+    return encode

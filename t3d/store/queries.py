@@ -20,7 +20,8 @@ DEFAULT_TURN_LIMIT = 10
 MAX_TURN_LIMIT = 1000
 
 
-def _sequence(conn: apsw.Connection) -> int:
+def current_sequence(conn: apsw.Connection) -> int:
+    """The sequence of the last committed event (0 before the first)."""
     for (seq,) in conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'events'"):
         return int(seq)
     return 0
@@ -42,19 +43,22 @@ class SnapshotRaw:
     sequence: int
     thread: bytes | None
     turns: list[bytes]
-    items: list[bytes]
+    items: list[bytes]  # grouped by turn, in the order of ``turns``
     requests: list[bytes]
     has_more: bool
+    # How many of ``items`` belong to each turn (parallel to ``turns``).
+    turn_items: tuple[int, ...]
 
 
 def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type: ignore[no-untyped-def]
-    """The last ``turn_limit`` turns (before ordinal ``before``) plus every open turn."""
+    """The last ``turn_limit`` turns and every open turn; with ``before``, the ``turn_limit``
+    turns before that ordinal only (a page of history)."""
 
     def query(conn: apsw.Connection) -> SnapshotRaw:
-        sequence = _sequence(conn)
+        sequence = current_sequence(conn)
         thread = _bodies(conn, "SELECT body FROM threads WHERE id = ?", (thread_id,))
         if not thread:
-            return SnapshotRaw(sequence, None, [], [], [], False)
+            return SnapshotRaw(sequence, None, [], [], [], False, ())
         bound = before if before is not None else 1 << 62
         recent = list(
             conn.execute(
@@ -64,21 +68,31 @@ def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type
             )
         )
         chosen = {turn_id: (ordinal, body) for turn_id, ordinal, body in recent}
-        for turn_id, ordinal, body in conn.execute(
-            f"SELECT id, ordinal, body FROM turns WHERE thread_id = ? AND status NOT IN {TERMINAL}",
-            (thread_id,),
-        ):
-            chosen[turn_id] = (ordinal, body)
+        if before is None:
+            for turn_id, ordinal, body in conn.execute(
+                f"SELECT id, ordinal, body FROM turns WHERE thread_id = ? AND status NOT IN {TERMINAL}",
+                (thread_id,),
+            ):
+                chosen[turn_id] = (ordinal, body)
         ordered = sorted(chosen.items(), key=lambda kv: kv[1][0])
         items: list[bytes] = []
+        counts: list[int] = []
         for turn_id, _ in ordered:
-            items += _bodies(conn, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,))
+            of_turn = _bodies(conn, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,))
+            items += of_turn
+            counts.append(len(of_turn))
         requests = _bodies(
             conn, "SELECT body FROM requests WHERE thread_id = ? AND status = 'pending'", (thread_id,)
         )
         lowest = min((o for _, (o, _) in ordered), default=1)
         return SnapshotRaw(
-            sequence, thread[0], [b for _, (_, b) in ordered], items, requests, lowest > 1
+            sequence,
+            thread[0],
+            [b for _, (_, b) in ordered],
+            items,
+            requests,
+            lowest > 1,
+            tuple(counts),
         )
 
     return query
@@ -111,7 +125,7 @@ class ShellRaw:
 
 def shell_query(conn: apsw.Connection) -> ShellRaw:
     return ShellRaw(
-        _sequence(conn),
+        current_sequence(conn),
         _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ()),
         [(b, t, i) for b, t, i in conn.execute(SHELL_SQL + " ORDER BY t.rowid")],
     )
@@ -143,6 +157,18 @@ def pending_requests_query(thread_id: str | None):  # type: ignore[no-untyped-de
 
 def projects_query(conn: apsw.Connection) -> list[bytes]:
     return _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ())
+
+
+def body_query(table: str, entity_id: str):  # type: ignore[no-untyped-def]
+    """The stored JSON of one item or request (``table`` is ``items`` or ``requests``), or None."""
+    assert table in ("items", "requests")
+
+    def query(conn: apsw.Connection) -> bytes | None:
+        for (body,) in conn.execute(f"SELECT body FROM {table} WHERE id = ?", (entity_id,)):
+            return bytes(body)
+        return None
+
+    return query
 
 
 def decode_list(bodies: list[bytes]) -> list[Any]:

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 import attrs
@@ -30,6 +30,9 @@ from t3d.store.schema import WRITER_PRAGMAS, migrate
 from t3d.store.writer import WriterThread
 
 log = logging.getLogger("t3d.store")
+
+Raw = TypeVar("Raw")
+T = TypeVar("T")
 
 WRITER_QUEUE = 256
 
@@ -47,6 +50,7 @@ EFFECT_TYPES: dict[str, type] = {
 @attrs.frozen
 class StoreStatistics:
     writer_queue: int
+    writer_oldest_job_s: float
     writer_jobs_done: int
     readers: int
     readers_busy: int
@@ -101,6 +105,11 @@ class Store:
 
         return await self._readers.read(query, decode)
 
+    async def read(self, query: Callable[[apsw.Connection], Raw], decode: Callable[[Raw], T]) -> T:
+        """Run ``query`` in one read transaction on a reader thread, then ``decode`` its rows
+        there too (after the transaction ends); the loop gets only the decoded value."""
+        return await self._readers.read(query, decode)
+
     async def snapshot(self, thread_id: str, turn_limit: int = q.DEFAULT_TURN_LIMIT, before: int | None = None) -> dict[str, Any] | None:
         return await self._readers.read(q.snapshot_query(thread_id, turn_limit, before), q.decode_snapshot)
 
@@ -123,6 +132,7 @@ class Store:
     def statistics(self) -> StoreStatistics:
         return StoreStatistics(
             writer_queue=self._writer.queued,
+            writer_oldest_job_s=self._writer.oldest_job_age(),
             writer_jobs_done=self._writer.jobs_done,
             readers=self._readers.size,
             readers_busy=self._readers.busy,

@@ -1,0 +1,185 @@
+"""One WebSocket connection's subscriptions: bases, live frames, resyncs.
+
+Rules:
+- Subscribe: join the hub first, then read the base (a snapshot, or a replay
+  since ``after_sequence``), reply, send the base, and only then go live at
+  the base's sequence. Nothing falls between base and live; frames the base
+  already holds are skipped, so nothing is sent twice.
+- One sender task delivers the live frames of every subscription of the
+  connection, popping one frame at a time from each bounded buffer, a batch
+  per subscription per pass so a busy one cannot starve the rest. The hub
+  never waits for it; a buffer that overflows meanwhile is dropped.
+- An overflowed subscription gets ``resync``, a fresh snapshot, then live
+  frames again. Its resync task starts the moment the hub marks it (not when
+  the sender gets round to it), so every subscription that overflows in a
+  burst joins the same wave and shares one read; and the connection's other
+  subscriptions keep flowing meanwhile. The stream never ends because the
+  client was slow.
+- `close` (the connection is gone) leaves the hub and drops every buffer
+  before the connection's tasks are gone, so no publish can reach a closed
+  connection; the tasks end with its nursery, and with them every chunk and
+  frame they held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Literal
+
+import orjson
+import trio
+
+from t3d.api import jsonrpc as rpc
+from t3d.live.base import Base, Snapshot
+from t3d.live.hub import Hub, Subscription
+from t3d.live.reads import BaseReader
+
+MAX_SUBSCRIPTIONS = 256
+# Frames a subscription may send before the sender turns to the next one.
+SEND_BATCH = 64
+
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class Feeds:
+    def __init__(self, hub: Hub, reader: BaseReader, send: Send) -> None:
+        self._hub = hub
+        self._reader = reader
+        self._send = send
+        self.subs: dict[str, Subscription] = {}
+        self._next_sub = 0
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._closed = False
+
+    def _woken(self, sub: Subscription) -> None:
+        """The hub pushed to ``sub`` (synchronously, inside publish: never blocks)."""
+        if self._closed:
+            return
+        if sub.needs_resync and sub.live and self._nursery is not None:
+            sub.live = False  # the resync task owns it until it is live again
+            self._nursery.start_soon(self._resync, sub)
+        else:
+            self._wake.set()
+
+    # --- subscribe / unsubscribe ---------------------------------------------------------
+
+    async def subscribe(
+        self,
+        request_id: rpc.RequestId,
+        topic: Literal["thread", "shell"],
+        thread_id: str | None,
+        turn_limit: int,
+        after: int | None,
+    ) -> None:
+        """Answer a subscribe request: reply ``{sub, sequence, base}``, send the base, go live.
+        Raises RpcError (nothing subscribed) for a thread that does not exist."""
+        if self._closed:
+            raise rpc.RpcError(rpc.UNAVAILABLE, "the connection is closing")
+        if len(self.subs) >= MAX_SUBSCRIPTIONS:
+            raise rpc.RpcError(rpc.INVALID_REQUEST, f"a connection may hold at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe first")
+        self._next_sub += 1
+        sub = Subscription(f"s{self._next_sub}", topic, thread_id, lambda: None, turn_limit=turn_limit)
+        sub.wake = lambda: self._woken(sub)
+        self._hub.subscribe(sub)  # join first, then read: nothing falls in between
+        self.subs[sub.sub_id] = sub
+        try:
+            if thread_id is None:
+                base: Base | None = await self._reader.shell_base(after)
+            else:
+                base = await self._reader.thread_base(thread_id, turn_limit, after)
+            if base is None:
+                raise rpc.RpcError(rpc.NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+        except BaseException:
+            self._forget(sub)
+            raise
+        kind = "snapshot" if isinstance(base, Snapshot) else "replay"
+        await self._send(rpc.result_frame(request_id, {"sub": sub.sub_id, "sequence": base.sequence, "base": kind}))
+        await self._send_base(sub, base)
+
+    def unsubscribe(self, sub_id: str) -> None:
+        sub = self.subs.get(sub_id)
+        if sub is None:
+            raise rpc.RpcError(rpc.NOT_FOUND, f"no subscription {sub_id!r} on this connection")
+        self._forget(sub)
+
+    def _forget(self, sub: Subscription) -> None:
+        self._hub.unsubscribe(sub)
+        if self.subs.get(sub.sub_id) is sub:
+            del self.subs[sub.sub_id]
+
+    def close(self) -> None:
+        """Leave the hub and drop every buffer (idempotent)."""
+        self._closed = True
+        for sub in list(self.subs.values()):
+            self._forget(sub)
+
+    # --- bases -----------------------------------------------------------------------------
+
+    async def _send_base(self, sub: Subscription, base: Base) -> None:
+        """Send ``base`` (stopping early if the subscription ends), then go live at its sequence."""
+        seq = base.sequence
+        if isinstance(base, Snapshot):
+            for chunk in base.chunks:
+                if sub.sub_id not in self.subs:
+                    return
+                await self._send(rpc.notification_frame(sub.sub_id, "snapshot.chunk", seq, chunk))
+            end = b'{"sequence":%d,"chunks":%d}' % (seq, len(base.chunks))
+            await self._send(rpc.notification_frame(sub.sub_id, "snapshot.end", seq, end))
+        else:
+            for frame_seq, frame in base.frames:
+                if sub.sub_id not in self.subs:
+                    return
+                await self._send(rpc.notification_frame(sub.sub_id, "event", frame_seq, frame))
+            synced = b'{"sequence":%d,"replayed":%d}' % (seq, len(base.frames))
+            await self._send(rpc.notification_frame(sub.sub_id, "synced", seq, synced))
+        sub.went_live(seq)
+
+    async def _resync(self, sub: Subscription) -> None:
+        sub.begin_resync()
+        # Joined before the next checkpoint, so the read starts after begin_resync.
+        wave = self._reader.join_snapshot((sub.thread_id, sub.turn_limit))
+        await self._send(rpc.notification_frame(sub.sub_id, "resync", sub.base_seq, b'{"reason":"overflow"}'))
+        snapshot = await wave.result()
+        if sub.sub_id not in self.subs:
+            return
+        if snapshot is None:  # the thread is gone: say so, and the subscription ends
+            self._forget(sub)
+            gone = orjson.dumps({"kind": "thread.deleted", "sequence": None, "entity": {"id": sub.thread_id}})
+            await self._send(rpc.notification_frame(sub.sub_id, "event", sub.base_seq, gone))
+            return
+        await self._send_base(sub, snapshot)
+
+    # --- live frames -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Deliver live frames until cancelled (with the connection); resyncs run in here too."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    while True:
+                        self._wake = trio.Event()  # fresh before the pass: a push during it is not lost
+                        if not await self._deliver_pass(nursery):
+                            await self._wake.wait()
+                finally:
+                    self.close()  # while the nursery is open: no wake can reach it closed
+        finally:
+            self._nursery = None
+
+    async def _deliver_pass(self, nursery: trio.Nursery) -> bool:
+        sent = False
+        for sub in list(self.subs.values()):
+            if not sub.live:
+                continue
+            if sub.needs_resync:
+                sub.live = False  # the resync task owns it until it is live again
+                nursery.start_soon(self._resync, sub)
+                continue
+            for _ in range(SEND_BATCH):
+                frame = sub.pop()
+                if frame is None:
+                    break
+                await self._send(rpc.notification_frame(sub.sub_id, "event", frame[0], frame[1]))
+                sent = True
+        return sent

@@ -1,0 +1,118 @@
+"""Reading subscription bases and snapshots from the store, never on the loop.
+
+Every read runs on the reader pool (`Store.read`); summarizing and chunking
+happen there too, right after the transaction. Fresh snapshots of the same
+thing (the shell, or one thread at one ``turn_limit``) that are asked for at
+once share one read (`SharedReads`): a wave of resyncs costs one read.
+
+Resume bounds: a gap of at most `REPLAY_MAX_EVENTS` events and
+`REPLAY_MAX_BYTES` (stored payload bytes) is replayed; a larger one gets a
+fresh snapshot from the same read transaction. The shell's replay also looks
+at no more than `SHELL_SCAN_MAX` events of any kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import orjson
+
+from t3d.live import base as b
+from t3d.live.chunks import Parts, object_bytes, object_pieces
+from t3d.live.shared import SharedReads, Wave
+from t3d.live.wire import Path, summarize_payload, value_at
+from t3d.store import queries as q
+from t3d.store.replay import shell_resume_query, thread_resume_query
+from t3d.store.store import Store
+
+REPLAY_MAX_EVENTS = 128
+REPLAY_MAX_BYTES = 1024 * 1024
+SHELL_SCAN_MAX = 4096
+
+R = TypeVar("R")
+
+# A snapshot's key: (thread id, turn_limit), or (None, 0) for the shell.
+SnapshotKey = tuple[str | None, int]
+
+
+class BaseReader:
+    def __init__(self, store: Store, *, share: bool = True) -> None:
+        self._store = store
+        self._snapshots: SharedReads[SnapshotKey, b.Snapshot | None] = SharedReads(self._read_snapshot, share=share)
+
+    def join_snapshot(self, key: SnapshotKey) -> Wave[SnapshotKey, b.Snapshot | None]:
+        """Join the current wave of fresh snapshots of ``key``; await its result later.
+        Its read starts no earlier than this call. None: the thread does not exist."""
+        return self._snapshots.join(key)
+
+    async def _read_snapshot(self, key: SnapshotKey) -> b.Snapshot | None:
+        thread_id, turn_limit = key
+        if thread_id is None:
+            return await self._store.read(q.shell_query, b.decode_shell_snapshot)
+        return await self._store.read(q.snapshot_query(thread_id, turn_limit, None), b.decode_thread_snapshot)
+
+    async def thread_base(self, thread_id: str, turn_limit: int, after: int | None) -> b.Base | None:
+        """What a thread subscriber needs first: a replay since ``after``, or a snapshot."""
+        if after is None:
+            return await self.join_snapshot((thread_id, turn_limit)).result()
+        query = thread_resume_query(thread_id, after, turn_limit, REPLAY_MAX_EVENTS, REPLAY_MAX_BYTES)
+        return await self._store.read(query, b.decode_thread_resume)
+
+    async def shell_base(self, after: int | None) -> b.Base:
+        if after is None:
+            snapshot = await self.join_snapshot((None, 0)).result()
+            assert snapshot is not None
+            return snapshot
+        query = shell_resume_query(after, REPLAY_MAX_EVENTS, REPLAY_MAX_BYTES, SHELL_SCAN_MAX)
+        return await self._store.read(query, b.decode_shell_resume)
+
+    # --- whole snapshots, for request/response (RPC, HTTP) ------------------------------
+
+    async def thread_snapshot_pieces(self, thread_id: str, turn_limit: int, before: int | None) -> list[bytes] | None:
+        """The thread snapshot as one JSON object in pieces of at most 256 KiB (HTTP)."""
+        return await self._store.read(q.snapshot_query(thread_id, turn_limit, before), _pieces(b.thread_parts))
+
+    async def thread_snapshot_json(self, thread_id: str, turn_limit: int, before: int | None) -> orjson.Fragment | None:
+        """The thread snapshot as one encoded JSON object (an RPC result)."""
+        return await self._store.read(q.snapshot_query(thread_id, turn_limit, before), _fragment(b.thread_parts))
+
+    async def pending_requests_json(self, thread_id: str | None) -> orjson.Fragment:
+        """Pending requests as an encoded JSON list, large fields summarized."""
+
+        def decode(bodies: list[bytes]) -> orjson.Fragment:
+            return orjson.Fragment(b"[" + b",".join(summarize_payload(body) for body in bodies) + b"]")
+
+        return await self._store.read(q.pending_requests_query(thread_id), decode)
+
+    async def shell_pieces(self) -> list[bytes]:
+        pieces = await self._store.read(q.shell_query, _pieces(b.shell_parts))
+        assert pieces is not None
+        return pieces
+
+    async def detail(self, table: str, entity_id: str, path: Path) -> orjson.Fragment | None:
+        """The full value at ``path`` in a stored item or request (``table``: items, requests),
+        encoded; None if there is no such row, KeyError if the path is not in it."""
+
+        def decode(body: bytes | None) -> orjson.Fragment | None:
+            if body is None:
+                return None
+            return orjson.Fragment(orjson.dumps(value_at(orjson.loads(body), path)))
+
+        return await self._store.read(q.body_query(table, entity_id), decode)
+
+
+def _pieces(parts_of: Callable[[R], Parts | None]) -> Callable[[R], list[bytes] | None]:
+    def decode(raw: R) -> list[bytes] | None:
+        parts = parts_of(raw)
+        return None if parts is None else object_pieces(parts)
+
+    return decode
+
+
+def _fragment(parts_of: Callable[[R], Parts | None]) -> Callable[[R], orjson.Fragment | None]:
+    def decode(raw: R) -> orjson.Fragment | None:
+        parts = parts_of(raw)
+        return None if parts is None else orjson.Fragment(object_bytes(parts))
+
+    return decode
