@@ -70,7 +70,6 @@ class Spawner:
         self.children: dict[int, Child] = {}
         self.connections: set[Connection] = set()
         self.runs = 0
-        self.exits_reported = 0
         self._next_child = 1
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -137,7 +136,6 @@ class Spawner:
         self._selector.unregister(child.pidfd)
         os.close(child.pidfd)
         if owner is not None:
-            self.exits_reported += 1
             owner.send({"event": "exit", "child": child.id, "pid": child.popen.pid, "returncode": returncode})
         else:
             log.info("orphan %s (pid %d, %s) exited with %s", child.id, child.popen.pid, child.tag, returncode)

@@ -30,7 +30,8 @@ def health_report(
     spawner: dict[str, Any],
 ) -> dict[str, Any]:
     reasons = []
-    if writer_oldest_job_s >= WRITER_STUCK_S:
+    failing = writer_oldest_job_s >= WRITER_STUCK_S
+    if failing:
         reasons.append(f"the database writer has been on one job for {writer_oldest_job_s:.0f} s")
     elif writer_oldest_job_s >= WRITER_BEHIND_S:
         reasons.append(f"the database writer is behind (oldest job waiting {writer_oldest_job_s:.1f} s)")
@@ -38,7 +39,7 @@ def health_report(
         reasons.append("the event loop is saturated; new turns are held back")
     if spawner.get("mode") == "sidecar" and not spawner.get("connected"):
         reasons.append("the spawner sidecar is not connected; it is being restarted")
-    status = "failing" if writer_oldest_job_s >= WRITER_STUCK_S else "degraded" if reasons else "ok"
+    status = "failing" if failing else "degraded" if reasons else "ok"
     return {
         "status": status,
         "reasons": reasons,
