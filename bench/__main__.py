@@ -9,6 +9,8 @@ count its own row and chart point). ``--compare 'ENV=VALUE ...'`` runs configura
 (the default settings) and B (A plus these variables in the daemon's environment)
 interleaved, A B A B, each run from the same starting database. ``--pin`` pins the daemon
 (and everything it starts) to the first half of the CPUs and the driver to the rest.
+``--slow-clients 0,10`` compares in the same way, A with no never-reading client and B
+with 10 (see bench/slow.py).
 """
 
 from __future__ import annotations
@@ -102,8 +104,42 @@ def pin_sets(pin: bool) -> tuple[str | None, str | None]:
     return ",".join(map(str, cpus[:half])), ",".join(map(str, cpus[half:]))
 
 
+def slow_clients_of(args: argparse.Namespace) -> dict[str, int]:
+    """Never-reading clients per configuration: ``--slow-clients K`` gives every configuration
+    K; ``--slow-clients K1,K2`` makes A run with K1 and B with K2 (instead of --compare)."""
+    text = getattr(args, "slow_clients", None)
+    if text is None:
+        return {}
+    try:
+        counts = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--slow-clients takes a number or two, comma-separated, not {text!r}") from None
+    if not 1 <= len(counts) <= 2 or min(counts) < 0:
+        raise SystemExit("--slow-clients takes one or two counts of at least 0, such as 10 or 0,10")
+    if len(counts) == 2 and args.compare:
+        raise SystemExit("--slow-clients K1,K2 compares two counts as configurations A and B; drop --compare, or give one count")
+    return {"A": counts[0], "B": counts[-1]}
+
+
+def configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """Each configuration's environment for the daemon."""
+    if args.compare:
+        return {"A": {}, "B": parse_compare(args.compare)}
+    return {"A": {}, "B": {}} if "," in (getattr(args, "slow_clients", None) or "") else {"A": {}}
+
+
+def described_configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """What the report shows for each configuration: its environment and its slow clients."""
+    slow = slow_clients_of(args)
+    return {
+        name: {**env, **({"--slow-clients": str(slow[name])} if slow else {})}
+        for name, env in configurations(args).items()
+    }
+
+
 def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[RunSpec]:
-    configs = {"A": {}} if not args.compare else {"A": {}, "B": parse_compare(args.compare)}
+    configs = configurations(args)
+    slow = slow_clients_of(args)
     daemon_cpus, driver_cpus = pin_sets(args.pin)
     specs = []
     for n in parse_sessions(args.sessions) if args.sessions else [profile.sessions]:
@@ -114,6 +150,7 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
                     args.window if args.window is not None else profile.window_s,
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
+                    slow.get(name),
                 ))  # fmt: skip
     return specs
 
@@ -162,7 +199,7 @@ def command_run(args: argparse.Namespace) -> int:
         "command": shlex.join(["python", "-m", "bench", *sys.argv[1:]]),
         "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "code": code_version(),
         "window_s": specs[0].window_s, "warmup_s": specs[0].warmup_s, "runs_per_config": args.runs,
-        "configs": {"A": {}} if not args.compare else {"A": {}, "B": parse_compare(args.compare)},
+        "configs": described_configurations(args),
         "fixture": {
             "name": fixture.name,
             "turn_s": sum(t.duration_ms for t in timings) / len(timings) / 1000,
@@ -228,14 +265,45 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--keep-state", action="store_true", help="keep each run's state dir (database, logs)"
     )
+    run.add_argument(
+        "--slow-clients",
+        help="K: add K clients that subscribe to everything and never read, plus probes of a "
+        "healthy client's event delay and first snapshot chunk (bench/slow.py); "
+        "K1,K2: configuration A with K1, B with K2, interleaved",
+    )
+    writes_cmd = sub.add_parser("writes", help="provider write batching on vs off, on the real store (bench/writes.py)")
+    writes_cmd.add_argument("--reps", type=int, default=5, help="repetitions per configuration (default 5)")
     merge = sub.add_parser("report", help="one report over earlier runs' summary.json files")
     merge.add_argument("dirs", nargs="+")
     merge.add_argument("--out", required=True)
+    gen = sub.add_parser("gen-db", help="write a synthetic database shaped like a busy host's (bench/gen_db.py)")
+    gen.add_argument("--events", type=int, required=True, help="events to write (e.g. 1000000)")
+    gen.add_argument("--out", required=True, help="the database file to create (put it under /tmp)")
+    gen.add_argument("--threads", type=int, help="threads (default: 2,700 from 1 M events on)")
+    gen.add_argument("--big-thread-items", type=int, help="items of the one big thread (default: up to 100,000)")
+    gen.add_argument("--seed", type=int, default=1)
+    up = sub.add_parser("startup", help="start-up time and shell/snapshot reads on a database (bench/startup.py)")
+    up.add_argument("--db", required=True, help="the database to start from (copied; never changed)")
+    up.add_argument("--runs", type=int, default=5, help="daemon restarts after the first start (default 5)")
+    up.add_argument("--reads", type=int, default=20, help="shell and snapshot reads each (default 20)")
+    up.add_argument("--out", help="output directory (default: bench-out/startup-TIME)")
     args = parser.parse_args(argv)
+    if args.command == "gen-db":
+        from bench import gen_db
+
+        return gen_db.command(args)
+    if args.command == "startup":
+        from bench import startup
+
+        return startup.command(args)
     if args.command == "run":
         if args.runs < 1:
             parser.error("--runs must be at least 1")
         return command_run(args)
+    if args.command == "writes":
+        from bench import writes
+
+        return writes.main(["--reps", str(args.reps)])
     return command_report(args)
 
 

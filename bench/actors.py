@@ -230,6 +230,10 @@ class SubscriberStats:
     resyncs: int = 0
     switches: int = 0
     subscribe_ms: list[float] = attrs.field(factory=list)
+    # From sending subscribe.thread to the first snapshot.chunk of the new subscription.
+    first_chunk_ms: list[float] = attrs.field(factory=list)
+    # When the subscribe in progress was sent (None: its first chunk has come).
+    pending_since: float | None = None
 
 
 async def run_subscriber(
@@ -243,6 +247,8 @@ async def run_subscriber(
             stats.events += 1
         elif note.get("kind") == "resync":
             stats.resyncs += 1
+        elif note.get("kind") == "snapshot.chunk":
+            first_chunk(stats, at, window)
 
     try:
         async with open_rpc(port, token, on_note) as rpc:
@@ -261,10 +267,19 @@ async def run_subscriber(
         errors.add("subscriber", exc)
 
 
+def first_chunk(stats: SubscriberStats, at: float, window: Window) -> None:
+    """A snapshot.chunk came: the first one after a subscribe ends its wait."""
+    if stats.pending_since is not None:
+        if window.holds(stats.pending_since):
+            stats.first_chunk_ms.append((at - stats.pending_since) * 1000)
+        stats.pending_since = None
+
+
 async def _subscribe(
     rpc: RpcConnection, thread_id: str, stats: SubscriberStats, window: Window
 ) -> str:
     started = time.monotonic()
+    stats.pending_since = started  # one subscribe at a time on this connection
     result = await rpc.call("subscribe.thread", thread_id=thread_id)
     if window.holds(started):
         stats.subscribe_ms.append((time.monotonic() - started) * 1000)

@@ -39,6 +39,9 @@ STEADY_EXTRAS = (
     "approvals", "polls", "pending_p50_ms", "shell_p50_ms", "snapshot_polls", "snapshot_p50_ms",
     "driver_lag_p99_ms", "driver_lag_max_ms", "errors",
     "daemon_rss_first_third_mib", "daemon_rss_last_third_mib",
+    "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
+    "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
+    "event_delay_max_ms", "probe_events_missed",
 )  # fmt: skip
 BURST_FIGURES = (
     "sessions", "turns_completed", "replies_done_s", "turns_done_s", "dispatch_p50_ms", "dispatch_max_ms",
@@ -107,7 +110,7 @@ def _git(
     elif calls[-1] - calls[0] == 0:
         fig["git_per_turn"] = None
         missing["git_per_turn"] = (
-            "n/a: no git process ran in the window (the daemon does no git work yet)"
+            "n/a: no git process ran in the window (checkpoints off, or no turn ended in it)"
         )
     else:
         fig["git_per_turn"] = ratio(calls[-1] - calls[0], turns)
@@ -206,8 +209,28 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
         snap["polls"],
         percentile(snap["snapshot_ms"], 50),
     )
+    _switches_and_slow_clients(i.load, fig, missing)
     _driver(i.load, fig)
     return fig, missing
+
+
+def _switches_and_slow_clients(load: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:
+    """First snapshot chunk after a subscribe (UI subscribers' switches, and the switch probe
+    with --slow-clients); the never-reading clients and the healthy probe's event delay."""
+    slow = load.get("slow")
+    chunks = list(load["subscribers"].get("first_chunk_ms") or []) + list((slow or {}).get("first_chunk_ms") or [])
+    fig["first_chunk_p50_ms"], fig["first_chunk_p95_ms"] = percentile(chunks, 50), percentile(chunks, 95)
+    fig["first_chunk_samples"] = len(chunks)
+    if slow is None:
+        for name in ("slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms", "event_delay_max_ms", "probe_events_missed"):
+            fig[name] = None
+            missing[name] = "not measured: run with --slow-clients K (0 for the probes alone)"
+        return
+    delays = slow["event_delay_ms"]
+    fig["slow_clients"], fig["slow_connects"] = slow["clients"], slow["connects"]
+    fig["event_delay_p50_ms"], fig["event_delay_p95_ms"] = percentile(delays, 50), percentile(delays, 95)
+    fig["event_delay_max_ms"] = maximum(delays)
+    fig["probe_events_missed"] = slow["renames"] - len(delays)
 
 
 def _driver(load: dict[str, Any], fig: dict[str, Any]) -> None:

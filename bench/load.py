@@ -19,7 +19,7 @@ import attrs
 import orjson
 import trio
 
-from bench import actors
+from bench import actors, slow
 from bench.client import RpcConnection, open_rpc
 from bench.profiles import PROFILES, Profile, start_offsets
 
@@ -39,6 +39,8 @@ class LoadConfig:
     window_s: float
     turn_s: float  # the fixture's own mean turn, to spread the sessions' first turns
     results: str
+    # Never-reading clients to add (bench/slow.py); None: neither they nor the probes run.
+    slow_clients: int | None = None
 
 
 async def run_load(config: LoadConfig) -> dict[str, Any]:
@@ -49,6 +51,10 @@ async def run_load(config: LoadConfig) -> dict[str, Any]:
         project_id = (await rpc.call("project.create", path=config.project, title="bench"))[
             "project_id"
         ]
+        probe_thread = None
+        if config.slow_clients is not None:  # a thread of the rename probe's own
+            created = await rpc.call("thread.create", project_id=project_id, provider="replay", title="probe")
+            probe_thread = created["thread_id"]
     sessions = [
         actors.Session(i, actors.Window(0, 0, 0), errors, answer_prompts=answer_in_session)
         for i in range(config.sessions)
@@ -76,7 +82,7 @@ async def run_load(config: LoadConfig) -> dict[str, Any]:
         if profile.burst:
             result = await _burst(sessions, connections, window)
         else:
-            result = await _steady(config, profile, sessions, connections, window, errors)
+            result = await _steady(config, profile, sessions, connections, window, errors, probe_thread)
         nursery.cancel_scope.cancel()
     result.update(
         t0=t0,
@@ -94,9 +100,10 @@ async def run_load(config: LoadConfig) -> dict[str, Any]:
 
 async def _steady(
     config: LoadConfig, profile: Profile, sessions: list[actors.Session],
-    connections: list[Any], window: actors.Window, errors: actors.Errors,
+    connections: list[Any], window: actors.Window, errors: actors.Errors, probe_thread: str | None,
 ) -> dict[str, Any]:  # fmt: skip
     threads = [s.thread_id for s in sessions]
+    slow_stats, rename_stats, switch_stats = slow.SlowStats(), slow.ProbeStats(), actors.SubscriberStats()
     n = len(sessions)
     subscribers = [actors.SubscriberStats() for _ in range(profile.subscribers(n))]
     pollers = [actors.PollerStats() for _ in range(profile.pollers(n))]
@@ -141,6 +148,12 @@ async def _steady(
                     pstats,
                     errors,
                 )
+            if probe_thread is not None:
+                every = [*threads, probe_thread]
+                for _ in range(config.slow_clients or 0):
+                    nursery.start_soon(slow.run_slow_client, config.port, config.token, every, slow_stats, errors)
+                nursery.start_soon(slow.run_rename_probe, config.port, config.token, probe_thread, window, rename_stats, errors)
+                nursery.start_soon(slow.run_switch_probe, config.port, config.token, threads, window, switch_stats, errors)
             if profile.snapshot_poll_s:
                 nursery.start_soon(
                     actors.run_snapshot_poller,
@@ -158,6 +171,16 @@ async def _steady(
             "resyncs": sum(s.resyncs for s in subscribers),
             "switches": sum(s.switches for s in subscribers),
             "subscribe_ms": [x for s in subscribers for x in s.subscribe_ms],
+            "first_chunk_ms": [x for s in subscribers for x in s.first_chunk_ms],
+        },
+        "slow": None if probe_thread is None else {
+            "clients": config.slow_clients,
+            "connects": slow_stats.connects,
+            "subscriptions": slow_stats.subscriptions,
+            "renames": rename_stats.renames,
+            "event_delay_ms": rename_stats.delays_ms,
+            "switches": switch_stats.switches,
+            "first_chunk_ms": switch_stats.first_chunk_ms,
         },
         "pollers": {
             "count": len(pollers),

@@ -51,6 +51,15 @@ LABELS = {
     "daemon_rss_first_third_mib": "daemon RSS, median of the window's first third (MiB)",
     "daemon_rss_last_third_mib": "daemon RSS, median of the window's last third (MiB)",
     "turns_done_s": "every turn done (s)",
+    "first_chunk_p50_ms": "subscribe to first snapshot chunk p50 (ms)",
+    "first_chunk_p95_ms": "subscribe to first snapshot chunk p95 (ms)",
+    "first_chunk_samples": "first-chunk samples (thread switches in the window)",
+    "slow_clients": "never-reading clients",
+    "slow_connects": "never-reading connections opened",
+    "event_delay_p50_ms": "healthy client's event delay p50 (ms)",
+    "event_delay_p95_ms": "healthy client's event delay p95 (ms)",
+    "event_delay_max_ms": "healthy client's event delay max (ms)",
+    "probe_events_missed": "probe renames whose event never arrived",
 }
 
 

@@ -55,6 +55,7 @@ class RunSpec:
     daemon_cpus: str | None = None
     driver_cpus: str | None = None
     keep_state: bool = False
+    slow_clients: int | None = None  # never-reading clients and probes (bench/slow.py)
 
 
 @attrs.define
@@ -163,6 +164,7 @@ async def _drive(
         "port": daemon.port, "token": daemon.token, "project": str(daemon.state.project),
         "profile": spec.profile.name, "sessions": spec.sessions, "warmup_s": spec.warmup_s,
         "window_s": spec.window_s, "turn_s": turn_s, "results": str(load_out),
+        "slow_clients": spec.slow_clients,
     }  # fmt: skip
     config_path = spec.out / f"{spec.label}.load-config.json"
     config_path.write_bytes(orjson.dumps(config))

@@ -39,10 +39,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from replay_fixtures.apply_edits import EditApplier
 from replay_fixtures.fake_cli_args import (
     ConfigError,
     Options,
     UsageError,
+    apply_edits_enabled,
     check_options,
     choose_fixture,
     loop_enabled,
@@ -195,6 +197,7 @@ class Replayer:
         delay_scale: float,
         interrupt_timeout_s: float,
         loop: bool,
+        edits: EditApplier | None = None,
     ) -> None:
         self._script = script
         self._steps = script.steps
@@ -203,6 +206,7 @@ class Replayer:
         self._delay_scale = delay_scale
         self._interrupt_timeout_s = interrupt_timeout_s
         self._loop = loop
+        self._edits = edits  # --apply-edits: recorded file edits change real files
         self._pos = 0
         self._anchor = (time.monotonic(), 0.0)  # (wall clock, recorded ms) of the last host point
         self._pending_turns: deque[JsonObject] = deque(maxlen=MAX_QUEUED_TURNS)
@@ -277,6 +281,8 @@ class Replayer:
     def _play(self, step: Step) -> None:
         self._pump_until(self._due(step.at_ms))
         self._out.emit(step.text, step.obj)
+        if self._edits is not None:
+            self._edits.see(step.obj)
         if step.obj.get("type") == "control_request":
             self._prompts_outstanding += 1
         elif step.obj.get("type") == "result":
@@ -446,7 +452,9 @@ def one_shot_prompt(options: Options) -> JsonObject:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Tests of force stop: a provider that ignores SIGTERM must still be KILLed.
+    ignore_term = os.environ.get("T3D_FAKE_IGNORE_SIGTERM") == "1"
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if ignore_term else signal.SIG_DFL)
     try:
         options = parse_args(sys.argv[1:] if argv is None else argv)
         fixture = choose_fixture(options)
@@ -469,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             delay_scale=delay_scale,
             interrupt_timeout_s=interrupt_timeout_s,
             loop=loop_enabled(options),
+            edits=EditApplier() if apply_edits_enabled(options) else None,
         )
         return replayer.run()
     except (UsageError, FatalInput) as error:

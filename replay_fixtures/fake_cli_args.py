@@ -27,6 +27,7 @@ DEFAULT_FIXTURE = os.path.join(FIXTURES_DIR, "claude-2.1.197_multiturn_tools.jso
 ENV_FIXTURE = "T3D_REPLAY_FIXTURE"
 ENV_SPEED = "T3D_REPLAY_SPEED"
 ENV_LOOP = "T3D_REPLAY_LOOP"
+ENV_APPLY_EDITS = "T3D_REPLAY_APPLY_EDITS"
 ENV_INTERRUPT_TIMEOUT = "T3D_REPLAY_INTERRUPT_TIMEOUT"
 
 DEFAULT_INTERRUPT_TIMEOUT_S = 10.0
@@ -51,6 +52,7 @@ class Options:
         self.version = False
         self.fork_session = False
         self.loop = False
+        self.apply_edits = False
         self.output_format = "text"
         self.input_format = "text"
         self.session_id: str | None = None
@@ -68,6 +70,7 @@ BOOL_FLAGS = {
     "--version": "version",
     "--fork-session": "fork_session",
     "--replay-loop": "loop",
+    "--apply-edits": "apply_edits",
 }
 VALUE_FLAGS = {
     "--output-format": "output_format",
@@ -210,6 +213,11 @@ def parse_interrupt_timeout() -> float:
 
 def loop_enabled(options: Options) -> bool:
     return options.loop or os.environ.get(ENV_LOOP, "").lower() in ("1", "true", "yes", "on")
+
+
+def apply_edits_enabled(options: Options) -> bool:
+    """``--apply-edits``, or ``T3D_REPLAY_APPLY_EDITS=1`` (``0`` leaves files alone)."""
+    return options.apply_edits or os.environ.get(ENV_APPLY_EDITS, "").lower() in ("1", "true", "yes", "on")
 
 
 def session_in_force(options: Options) -> str | None:

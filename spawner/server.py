@@ -35,6 +35,7 @@ from spawner import log
 from spawner import protocol as p
 from spawner.commands import kill_group, run_command
 from spawner.pools import Pool, PoolBusyError
+from spawner.scope import scoped_argv, scopes_work, valid_unit
 
 MAX_RUNS = 4096
 MAX_CHILDREN = 4096
@@ -184,6 +185,13 @@ class Spawner:
         tag = message.get("tag", "")
         if not isinstance(tag, str):
             raise p.FrameError("'tag' must be a string")
+        scope = message.get("scope")
+        if scope is not None and not (isinstance(scope, str) and valid_unit(scope)):
+            raise p.FrameError("'scope' must be a unit name of letters, digits and :_.-")
+        if scope is not None and not scopes_work():
+            scope = None  # no working systemd here: the child runs in the spawner's cgroup
+        if scope is not None:
+            argv = scoped_argv(argv, scope)
         with self.lock:
             if len(self.children) >= MAX_CHILDREN:
                 raise p.FrameError(f"the spawner already runs {MAX_CHILDREN} children; stop some first")
@@ -205,7 +213,7 @@ class Spawner:
             child = Child(self._next_child, popen, pidfd, tag, conn)
             self._next_child += 1
             self.children[child.id] = child
-        return child, {"child": child.id, "pid": popen.pid, "fds": 4}, [*ours, pidfd]
+        return child, {"child": child.id, "pid": popen.pid, "fds": 4, "scope": scope}, [*ours, pidfd]
 
     def watch(self, child: Child) -> None:
         """Start watching for the child's exit: only after its spawn reply went out, so

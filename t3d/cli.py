@@ -35,7 +35,14 @@ SERVE_FLAGS = (
     ("--effect-admission-delay-ms", "effect_admission_delay_ms", "loop-lag p99 mark in ms at which new turn starts are held back, 0 = off, else 30-60000 (T3D_EFFECT_ADMISSION_DELAY_MS; default 40)"),
     ("--max-active-turns", "max_active_turns", "turns running at once, 0 = no cap; more wait as queued in FIFO order (T3D_MAX_ACTIVE_TURNS; default 0)"),
     ("--loop-monitor", "loop_monitor", "on or off: sample loop lag every 10 ms (off only to measure its cost; the gate then stays open) (T3D_LOOP_MONITOR; default on)"),
+    ("--checkpoints", "checkpoints", "on or off: a git checkpoint of the thread's files before and after every turn (off only to measure their cost) (T3D_CHECKPOINTS; default on)"),
     ("--live-encode-once", "live_encode_once", "true or false: project and encode each live event once for all subscribers and share fresh snapshots per wave (false only to measure against) (T3D_LIVE_ENCODE_ONCE; default true)"),
+    ("--provider-commit-batching", "provider_commit_batching", "true or false: provider updates already queued together share one transaction, up to 64 updates and 1 MiB (false commits each alone, only to measure against) (T3D_PROVIDER_COMMIT_BATCHING; default true)"),
+    ("--psi-root", "psi_root", "root under which proc/pressure/memory and the agents' cgroup files are read (T3D_PSI_ROOT; default /)"),
+    ("--pressure-interval", "pressure_interval", "seconds between memory-pressure readings while someone listens, 0.05-60 (T3D_PRESSURE_INTERVAL; default 5)"),
+    ("--pressure-admission", "pressure_admission", "on or off: hold new turn starts as queued while memory pressure is severe; on also samples the level while turns run, not only while a client listens (T3D_PRESSURE_ADMISSION; default off)"),
+    ("--agent-scopes", "agent_scopes", "auto or off: run providers in their own systemd scope under t3d-agents.slice where systemd works (T3D_AGENT_SCOPES; default auto)"),
+    ("--force-stop-grace", "force_stop_grace", "seconds between SIGTERM and SIGKILL when a thread is force-stopped, 0.1-60 (T3D_FORCE_STOP_GRACE; default 5)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
 )
 

@@ -51,9 +51,27 @@ class Settings:
     max_active_turns: int = 0
     # The loop monitor (lag samples every 10 ms); off only to measure its own cost.
     loop_monitor: str = "on"
+    # Per-turn git checkpoints (t3d/git); off only to measure their cost.
+    checkpoints: str = "on"
     # Live events projected and encoded once for all subscribers, and fresh snapshots
     # shared per wave; false projects per subscriber (only to measure against).
     live_encode_once: bool = True
+    # Provider updates of all sessions share transactions when already queued together;
+    # false commits each update alone (only to measure against).
+    provider_commit_batching: bool = True
+    # Root under which proc/pressure/memory and the agents' cgroup files are read
+    # (tests and demos point it at fixture files).
+    psi_root: Path = Path("/")
+    # Seconds between memory-pressure readings, while someone wants them.
+    pressure_interval: float = 5.0
+    # Hold new turn starts as queued (memory_pressure) while the memory pressure is severe.
+    # On, the level is also sampled while turns run, not only while a client listens.
+    pressure_admission: str = "off"
+    # Run providers in their own systemd scope under t3d-agents.slice when systemd
+    # works (auto), or never (off).
+    agent_scopes: str = "auto"
+    # Force stop: seconds between SIGTERM and SIGKILL to the provider's process group.
+    force_stop_grace: float = 5.0
     log_level: str = "info"
 
     @property
@@ -178,7 +196,14 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "effect_admission_delay_ms": ("T3D_EFFECT_ADMISSION_DELAY_MS", _admission_mark),
     "max_active_turns": ("T3D_MAX_ACTIVE_TURNS", _int_in(0, 100000)),
     "loop_monitor": ("T3D_LOOP_MONITOR", _choice("on", "off")),
+    "checkpoints": ("T3D_CHECKPOINTS", _choice("on", "off")),
     "live_encode_once": ("T3D_LIVE_ENCODE_ONCE", _true_false),
+    "provider_commit_batching": ("T3D_PROVIDER_COMMIT_BATCHING", _true_false),
+    "psi_root": ("T3D_PSI_ROOT", _abs_path),
+    "pressure_interval": ("T3D_PRESSURE_INTERVAL", _float_in(0.05, 60.0)),
+    "pressure_admission": ("T3D_PRESSURE_ADMISSION", _choice("on", "off")),
+    "agent_scopes": ("T3D_AGENT_SCOPES", _choice("auto", "off")),
+    "force_stop_grace": ("T3D_FORCE_STOP_GRACE", _float_in(0.1, 60.0)),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
 }
 

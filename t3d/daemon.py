@@ -23,20 +23,20 @@ from t3d.api.auth import load_or_create_token
 from t3d.api.methods import Methods
 from t3d.api.transport import TransportStats, serve_api_transport
 from t3d.config import Settings
+from t3d.domain.events import CaptureCheckpoint, Effect
 from t3d.effects import EffectQueue, run_effects
-from t3d.errors import StoreError
+from t3d.errors import WriterLostError
+from t3d.git.api import GitMethods
+from t3d.git.service import Checkpoints
 from t3d.health import health_report
 from t3d.live.hub import Hub
 from t3d.loop_monitor import LoopMonitor
+from t3d.pressure.sampler import PressureSampler, run_pressure_sampler
 from t3d.sessions import open_sessions
 from t3d.spawn.sidecar import open_spawner
 from t3d.store.store import open_store
 
 log = logging.getLogger("t3d")
-
-
-class WriterLostError(StoreError):
-    """The database writer thread died; the daemon must restart."""
 
 
 @attrs.frozen
@@ -58,7 +58,12 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
             lost.append(error)
             daemon_scope.cancel()
 
-        async with open_store(settings.db_path, readers=settings.sqlite_reader_pool, on_writer_lost=on_writer_lost) as store:
+        async with open_store(
+            settings.db_path,
+            readers=settings.sqlite_reader_pool,
+            batching=settings.provider_commit_batching,
+            on_writer_lost=on_writer_lost,
+        ) as store:
             hub = Hub(encode_once=settings.live_encode_once)
             effects = EffectQueue()
             store.on_commit(hub.publish)
@@ -73,19 +78,35 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                 trio.open_nursery() as nursery,
             ):
 
+                pressure = PressureSampler(settings.psi_root, settings.pressure_interval, sessions.agents)
+                checkpoints = Checkpoints(
+                    nursery, store, spawner, settings.state_dir, saturated=lambda: admission.gate.saturated
+                )
+                if settings.checkpoints == "on":
+                    sessions.before_turn = checkpoints.ensure_baseline
+
+                async def route_effect(effect: Effect) -> None:
+                    """Checkpoint captures to the git driver, everything else to the sessions."""
+                    if isinstance(effect, CaptureCheckpoint):
+                        if settings.checkpoints == "on":
+                            await checkpoints.dispatch(effect)
+                    else:
+                        await sessions.dispatch(effect)
+
                 admission = Admission(
                     store,
                     monitor,
-                    sessions.dispatch,
+                    route_effect,
                     mark_ms=settings.effect_admission_delay_ms if settings.loop_monitor == "on" else 0,
                     max_active=settings.max_active_turns,
+                    pressure=pressure if settings.pressure_admission == "on" else None,
                 )
                 store.on_commit(admission.on_commit)
 
                 def health() -> dict[str, Any]:
                     lag = monitor.statistics()
                     stats = store.statistics()
-                    return health_report(
+                    report = health_report(
                         version=_version(),
                         uptime_s=time.monotonic() - started,
                         loop_lag_ms={"last": lag.last_ms, "p50": lag.p50_ms, "p99": lag.p99_ms, "max": lag.max_ms},
@@ -97,12 +118,31 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                         connections=transport.statistics().open_connections,
                         spawner=attrs.asdict(spawner.statistics()),
                     )
+                    report["checkpoints"] = checkpoints.statistics()
+                    report["memory_pressure"] = memory = pressure.statistics()
+                    if memory["level"] == "severe":
+                        report["reasons"].append("memory pressure is severe: agents are stalled on memory")
+                        report["status"] = "degraded" if report["status"] == "ok" else report["status"]
+                    return report
 
                 if settings.loop_monitor == "on":
                     await nursery.start(monitor.run)
                 await nursery.start(admission.run)
+                await nursery.start(run_pressure_sampler, pressure)
                 await nursery.start(run_effects, store, effects, admission.dispatch)
-                app = ApiApp(Methods(store), hub, token, health=health, spawner=spawner, bound=lambda: (settings.host, bound[0]))
+                app = ApiApp(
+                    Methods(
+                        store,
+                        force_stop=sessions.force_stop,
+                        git=GitMethods(store, checkpoints, settings.state_dir),
+                    ),
+                    hub,
+                    token,
+                    health=health,
+                    spawner=spawner,
+                    bound=lambda: (settings.host, bound[0]),
+                    pressure=pressure,
+                )
                 port = await nursery.start(partial(serve_api_transport, stats=transport), app, settings.host, settings.port)
                 bound[0] = port
                 url = attrs.evolve(settings, port=port).url

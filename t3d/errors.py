@@ -24,6 +24,10 @@ class WriterClosedError(StoreError):
     """The writer thread is gone; nothing more can be committed."""
 
 
+class WriterLostError(StoreError):
+    """The writer thread died while the daemon ran; the daemon exits with status 1."""
+
+
 class ProtocolError(T3dError):
     """A peer sent something the protocol does not allow."""
 
@@ -47,3 +51,7 @@ class DomainError(T3dError):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class GitError(T3dError):
+    """A git repository could not be read or written, or a git command failed."""

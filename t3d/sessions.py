@@ -28,7 +28,8 @@ from t3d.config import Settings
 from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.errors import DomainError
-from t3d.providers.claude.session import SessionSpec, run_claude_session
+from t3d.pressure.readers import AgentProcess
+from t3d.providers.claude.session import BeforeTurn, ClaudeSession, SessionSpec
 from t3d.spawn.child import Spawner
 from t3d.store.store import Store
 
@@ -47,6 +48,7 @@ PERMISSION_MODES = {
 class _Live:
     inbox: trio.MemorySendChannel[ev.Effect]
     turn_id: str | None = None
+    session: ClaudeSession | None = None  # set once its task runs
 
 
 class Sessions:
@@ -64,6 +66,8 @@ class Sessions:
         self._settings = settings
         self._clock = clock
         self._live: dict[str, _Live] = {}
+        # Called by a session before each turn reaches its provider (the checkpoint baseline).
+        self.before_turn: BeforeTurn | None = None
 
     @property
     def count(self) -> int:
@@ -129,6 +133,7 @@ class Sessions:
             )
             env["T3D_REPLAY_SPEED"] = repr(self._settings.replay_speed)
             env["T3D_REPLAY_LOOP"] = "1"
+            env.setdefault("T3D_REPLAY_APPLY_EDITS", "1")  # recorded edits change real files
         else:
             argv = (self._settings.claude_bin,)
         return SessionSpec(
@@ -142,13 +147,16 @@ class Sessions:
             resume=resume,
             interrupt_timeout=self._settings.interrupt_timeout,
             idle_timeout=self._settings.provider_idle_timeout,
+            scopes=self._settings.agent_scopes == "auto",
+            before_turn=self.before_turn,
         )
 
     async def _supervise(
         self, spec: SessionSpec, inbox: trio.MemoryReceiveChannel[ev.Effect], live: _Live
     ) -> None:
         try:
-            await run_claude_session(spec, inbox, self._store.execute, self._spawner, self._clock)
+            live.session = ClaudeSession(spec, self._store.record, self._spawner, self._clock)
+            await live.session.run(inbox)
         except Exception as exc:  # the supervision boundary of one session
             log.error("thread %s: provider session failed", spec.thread_id, exc_info=exc)
             if live.turn_id is not None:
@@ -160,6 +168,37 @@ class Sessions:
         finally:
             if self._live.get(spec.thread_id) is live:
                 del self._live[spec.thread_id]
+
+    def agents(self) -> list[AgentProcess]:
+        """Every live provider process, with its thread (for the heaviest-agents list)."""
+        found = []
+        for thread_id, live in self._live.items():
+            child = None if live.session is None else live.session.process
+            if child is not None and child.returncode is None:
+                found.append(AgentProcess(thread_id, child.pid, child.scope))
+        return found
+
+    async def force_stop(self, thread_id: str) -> dict[str, Any]:
+        """Kill the thread's provider process group through the spawner (TERM, the grace
+        period, KILL); its running turn ends ``cancelled`` (``force_stop``). Other threads'
+        agents are untouched. Raises DomainError when the thread has nothing to stop."""
+        live = self._live.get(thread_id)
+        child = None if live is None or live.session is None else live.session.process
+        if live is None or live.session is None or child is None:
+            if await self._store.thread_context(thread_id) is None:
+                raise DomainError("not_found", f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+            if live is not None and live.turn_id is not None:  # starting, no process yet
+                await self._finish_turn(live.turn_id, "cancelled", "force-stopped by the user before its agent started", "force_stop")
+                return {"thread_id": thread_id, "pid": None, "exit_code": None}
+            raise DomainError("conflict", f"thread {thread_id!r} has no running agent to stop")
+        pid = child.pid
+        log.warning("thread %s: force stop of its provider (process group %d)", thread_id, pid)
+        code = await live.session.force_stop(self._settings.force_stop_grace)
+        return {"thread_id": thread_id, "pid": pid, "exit_code": code}
+
+    async def _finish_turn(self, turn_id: str, status: str, error: str, reason: str) -> None:
+        with contextlib.suppress(DomainError):  # the turn ended or went away meanwhile
+            await self._store.execute(c.FinishTurn(turn_id, status, error, reason))
 
     async def _fail_turn(self, turn_id: str, error: str, reason: str) -> None:
         with contextlib.suppress(DomainError):  # the turn ended or went away meanwhile

@@ -89,12 +89,27 @@ class RpcClient:
         return message
 
     async def reply_to(self, request_id: Any) -> dict[str, Any]:
-        """Read frames until the reply for ``request_id``; keep notifications."""
+        """Read frames until the reply for ``request_id``; keep notifications. A streamed
+        reply (``snapshot.chunk`` notifications naming the request, then ``{sequence, chunks}``)
+        comes back merged into one snapshot, as the other transports return it."""
+        chunks: list[dict[str, Any]] = []
         while True:
             message = await self.receive()
             if message.get("method") == "sub":
                 self.notifications.append(message["params"])
+            elif message.get("method") == "snapshot.chunk" and message["params"]["id"] == request_id:
+                chunks.append(message["params"]["data"])
             elif message.get("id") == request_id:
+                if chunks and "result" in message:
+                    assert message["result"]["chunks"] == len(chunks), message
+                    merged: dict[str, Any] = {}
+                    for chunk in chunks:  # head fields from the first, lists concatenated
+                        for key, value in chunk.items():
+                            if isinstance(value, list):
+                                merged.setdefault(key, []).extend(value)
+                            else:
+                                merged.setdefault(key, value)
+                    message["result"] = merged
                 return message
 
     async def call(self, method: str, **params: Any) -> Any:

@@ -31,6 +31,7 @@ from t3d.api.transport import TransportStats, serve_api_transport
 from t3d.daemon import DaemonInfo
 from t3d.domain import commands as c
 from t3d.domain.model import TurnItem
+from t3d.live.budget import CONNECTION_BYTES
 from t3d.live.hub import Hub
 from t3d.spawn.direct import DirectSpawner
 from t3d.store.store import Store, open_store
@@ -75,7 +76,7 @@ def _lost(error: BaseException | None) -> None:
 
 
 @asynccontextmanager
-async def serve_app(state: Path, *, encode_once: bool = True) -> AsyncIterator[Served]:
+async def serve_app(state: Path, *, encode_once: bool = True, connection_budget: int = CONNECTION_BYTES) -> AsyncIterator[Served]:
     async with open_store(state / "t3d.sqlite", on_writer_lost=_lost) as store, trio.open_nursery() as nursery:
         hub = Hub(encode_once=encode_once)
         store.on_commit(hub.publish)
@@ -87,6 +88,7 @@ async def serve_app(state: Path, *, encode_once: bool = True) -> AsyncIterator[S
             health=lambda: {"status": "ok"},
             bound=lambda: ("127.0.0.1", bound[0]),
             spawner=DirectSpawner(),
+            connection_budget=connection_budget,
         )
         transport = TransportStats()
         port = await nursery.start(_serve, app, transport)
@@ -238,6 +240,31 @@ async def seed_thread(store: Store, project_dir: Path, thread_id: str, *, turns:
         )
         await store.execute(c.RecordItems(turn_id, batch))
         await store.execute(c.FinishTurn(turn_id, "completed"))
+
+
+async def stored_snapshot(db_path: Path, thread_id: str, ordinals: range) -> dict[str, Any]:
+    """What the store holds for a thread: its body, its turns with ``ordinals`` and their items
+    in order, decoded from the tables on a worker thread (the loop never runs SQLite)."""
+
+    def read() -> dict[str, Any]:
+        conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            [(thread,)] = conn.execute("SELECT body FROM threads WHERE id = ?", (thread_id,))
+            turns = [
+                (turn_id, orjson.loads(body))
+                for turn_id, body in conn.execute("SELECT id, body FROM turns WHERE thread_id = ? ORDER BY ordinal", (thread_id,))
+            ]
+            turns = [(turn_id, body) for turn_id, body in turns if body["ordinal"] in ordinals]
+            items = [
+                orjson.loads(body)
+                for turn_id, _ in turns
+                for (body,) in conn.execute("SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,))
+            ]
+            return {"thread": orjson.loads(thread), "turns": [body for _, body in turns], "items": items}
+        finally:
+            conn.close()
+
+    return await trio.to_thread.run_sync(read)
 
 
 def loads(body: bytes) -> Any:

@@ -357,7 +357,7 @@ async def test_thread_create_refuses_what_it_cannot_run(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
     """thread.create on an unknown project gets -32001; provider "codex" a clear error that it
-    is not available; a worktree workspace a clear error that worktrees are not available."""
+    is not available; a worktree workspace outside a git repository a clear error naming it."""
     with trio.fail_after(20):
         daemon = await start_daemon(nursery, tmp_path / "state")
         async with open_client(daemon) as client:

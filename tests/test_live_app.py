@@ -15,24 +15,34 @@ from typing import Any
 
 import pytest
 import trio
-from harness import RpcClient, RpcFailed, http
+from harness import RpcClient, RpcFailed, http, wait_until
 from live_support import (
     Served,
+    loads,
     merge_chunks,
+    notes_until,
     open_raw,
     raw_notes,
     raw_ws_first_message,
     reset,
     seed_thread,
     serve_app,
+    stored_snapshot,
+    thread_events,
     ws_client,
 )
 
+from t3d.api.http1 import HttpRequest
 from t3d.domain import commands as c
+from t3d.domain.model import TurnItem
 from t3d.live.chunks import CHUNK_BYTES
 from t3d.live.wire import HEAD_BYTES
 
 INVALID_PARAMS, NOT_FOUND = -32602, -32001
+
+
+def position_of(notes: list[dict[str, Any]]) -> int:
+    return max(n["seq"] for n in notes)
 
 
 def the_item(snapshot: dict[str, Any], item_id: str) -> dict[str, Any]:
@@ -130,6 +140,56 @@ async def test_snapshot_chunks_are_bounded_and_the_snapshot_is_bounded_by_turn_l
                 assert [t["ordinal"] for t in older["turns"]] == [3, 4, 5]
 
 
+async def test_thread_snapshot_replies_are_streamed_in_bounded_chunks(tmp_path: Path) -> None:
+    """A thread whose last 10 turns hold about 4.7 MiB (600 items of 8 KB, under the summary
+    limit, so the wire carries them whole). On a WebSocket, thread.snapshot is answered by
+    ``snapshot.chunk`` notifications naming the request id, every frame at most 256 KiB, then
+    the response ``{sequence, chunks}``; through POST /api/dispatch the JSON-RPC response is
+    written in pieces of at most 256 KiB. Both reassemble to exactly the thread, turns and
+    items the store holds; turn_limit and before page as before; an unknown thread gets
+    -32001 and no chunk."""
+    with trio.fail_after(60):
+        async with serve_app(tmp_path / "state") as served:
+            await seed_thread(served.store, tmp_path, "t", turns=12, items=60, output_bytes=8_000)
+            stored = await stored_snapshot(tmp_path / "state" / "t3d.sqlite", "t", range(3, 13))
+            async with ws_client(served) as client:
+                await client.send_raw('{"jsonrpc":"2.0","id":"snap-1","method":"thread.snapshot","params":{"thread_id":"t"}}')
+                sized: list[tuple[int, dict[str, Any]]] = []
+                while True:
+                    text = await client.ws.get_message()
+                    message = loads(text.encode() if isinstance(text, str) else text)
+                    sized.append((len(text.encode() if isinstance(text, str) else text), message))
+                    if message.get("id") == "snap-1":
+                        break
+                *chunks, (_, reply) = sized
+                assert len(chunks) >= 16 and all(size <= CHUNK_BYTES for size, _ in sized)
+                assert all(m["method"] == "snapshot.chunk" and m["params"]["id"] == "snap-1" for _, m in chunks)
+                sequence = reply["result"]["sequence"]
+                assert reply["result"] == {"sequence": sequence, "chunks": len(chunks)}
+                assert {m["params"]["seq"] for _, m in chunks} == {sequence}
+                merged = merge_chunks([{"kind": "snapshot.chunk", "data": m["params"]["data"]} for _, m in chunks])
+                assert {k: merged[k] for k in ("thread", "turns", "items")} == stored
+                assert merged["requests"] == [] and merged["has_more"] is True and merged["before"] == 3
+                assert sum(len(i["data"]["output"]) for i in merged["items"] if i["data"]) > 4_500_000
+
+                older = await client.call("thread.snapshot", thread_id="t", before=3, turn_limit=2)
+                assert [t["ordinal"] for t in older["turns"]] == [1, 2] and older["has_more"] is False
+                with pytest.raises(RpcFailed) as failed:
+                    await client.call("thread.snapshot", thread_id="nope")
+                assert failed.value.code == NOT_FOUND
+
+            request = b'{"jsonrpc":"2.0","id":7,"method":"thread.snapshot","params":{"thread_id":"t"}}'
+            response = await served.app.handle_http(HttpRequest("POST", "/api/dispatch", {}, {"authorization": f"Bearer {served.token}"}, request))
+            assert response.status == 200 and len(response.parts) >= 16
+            assert all(len(piece) <= CHUNK_BYTES for piece in (response.body, *response.parts))
+            whole = loads(response.body + b"".join(response.parts))
+            assert whole["id"] == 7 and {k: whole["result"][k] for k in ("thread", "turns", "items")} == stored
+            status, body = await http(served, "POST", "/api/dispatch", {"jsonrpc": "2.0", "id": 8, "method": "thread.snapshot", "params": {"thread_id": "t", "turn_limit": 1, "before": 2}})
+            assert status == 200 and [t["ordinal"] for t in body["result"]["turns"]] == [1]
+            status, body = await http(served, "POST", "/api/dispatch", {"jsonrpc": "2.0", "id": 9, "method": "thread.snapshot", "params": {"thread_id": "nope"}})
+            assert body["error"]["code"] == NOT_FOUND
+
+
 async def test_http_routes_refuse_query_parameters_they_do_not_know(tmp_path: Path) -> None:
     """``?turnLimit=1`` is not silently ignored (the whole thread would come back): it gets a
     400 naming the parameters the route takes; known ones are honoured."""
@@ -207,6 +267,78 @@ async def test_shell_subscribers_that_overflow_together_share_one_base_read(tmp_
                     live = await client.wait_event(lambda d: d["kind"] == "shell.updated" and d["entity"]["title"] == "after the wave")
                     assert live["entity"]["id"] == "t"
                 stop.set()
+
+
+# --- a connection-wide budget -------------------------------------------------------------
+
+BUDGET = 2 * 1024 * 1024
+FLOOD_THREADS = ("a", "b", "c", "d")
+FLOOD_COMMITS = 200  # per thread: 8 MB in all, 2 MB per subscription
+
+
+async def test_a_client_that_never_reads_stays_within_its_connection_budget(tmp_path: Path) -> None:
+    """With a 2 MiB connection budget (each subscription alone may still hold 8 MiB), a client
+    that never reads, on a socket with a 4 KiB receive buffer, subscribes to the shell and four
+    threads while a healthy client follows the same four threads; 800 commits of 10 KB items
+    follow. The never-reading connection never holds more than its budget (its high-water
+    mark), stays there by resyncing its fullest subscriptions (none reached its own bound),
+    and is not closed; the healthy client receives every event of the four threads, in
+    order, with no resync."""
+    db_path = tmp_path / "state" / "t3d.sqlite"
+    with trio.fail_after(50):
+        async with serve_app(tmp_path / "state", connection_budget=BUDGET) as served:
+            for thread_id in FLOOD_THREADS:
+                await seed_thread(served.store, tmp_path, thread_id, turns=1, items=1, output_bytes=10)
+            async with ws_client(served, receive_buffer=4096) as stuck:
+                await wait_until(lambda: served.app.connections)
+                [never_reads] = served.app.connections
+                await stuck.send_raw('{"jsonrpc":"2.0","id":0,"method":"subscribe.shell"}')
+                for n, thread_id in enumerate(FLOOD_THREADS, 1):
+                    await stuck.send_raw(f'{{"jsonrpc":"2.0","id":{n},"method":"subscribe.thread","params":{{"thread_id":"{thread_id}"}}}}')
+                await wait_until(lambda: len(never_reads.feeds.subs) == 1 + len(FLOOD_THREADS))
+
+                async with ws_client(served) as healthy:
+                    subs = {}
+                    positions = {}
+                    for thread_id in FLOOD_THREADS:
+                        subs[thread_id] = (await healthy.call("subscribe.thread", thread_id=thread_id))["sub"]
+                        positions[thread_id] = position_of(await notes_until(healthy, subs[thread_id], "snapshot.end"))
+                    received: dict[str, list[dict[str, Any]]] = {t: [] for t in FLOOD_THREADS}
+                    threads_of = {sub: thread_id for thread_id, sub in subs.items()}
+
+                    async def follow() -> None:
+                        while True:
+                            note = await healthy.next_notification()
+                            assert note["kind"] == "event", note
+                            received[threads_of[note["sub"]]].append(note["data"])
+
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(follow)
+                        for thread_id in FLOOD_THREADS:
+                            await served.store.execute(c.StartTurn(thread_id, f"{thread_id}-flood", "flood"))
+                        for n in range(FLOOD_COMMITS):
+                            for thread_id in FLOOD_THREADS:
+                                item = TurnItem(f"{thread_id}-i{n}", thread_id, f"{thread_id}-flood", 0, "command", "completed", "make", None, {"output": "o" * 10_000}, 0.0)
+                                await served.store.execute(c.RecordItems(f"{thread_id}-flood", (item,)))
+                        for thread_id in FLOOD_THREADS:
+                            await served.store.execute(c.FinishTurn(f"{thread_id}-flood", "completed"))
+                        expected = {}
+                        for thread_id in FLOOD_THREADS:
+                            events = await thread_events(db_path, thread_id)
+                            expected[thread_id] = [e for e in events if e["sequence"] > positions[thread_id]]
+                        await wait_until(lambda: all(len(received[t]) >= len(expected[t]) for t in FLOOD_THREADS))
+                        nursery.cancel_scope.cancel()
+
+                    for thread_id in FLOOD_THREADS:
+                        assert received[thread_id] == expected[thread_id]
+                        assert len(received[thread_id]) > FLOOD_COMMITS
+
+                budget = never_reads.feeds.budget.statistics()
+                print(f"never-reading connection: {budget}")
+                assert budget.high_water <= BUDGET
+                assert budget.relieved > 0
+                assert never_reads in served.app.connections
+                assert all(len(sub.frames) < sub.max_items and sub.buffered_bytes < sub.max_bytes for sub in never_reads.feeds.subs.values())
 
 
 # --- nothing outlives its connection ------------------------------------------------------

@@ -143,4 +143,5 @@ async def test_restart_recovery_closes_running_turns_and_expires_requests(tmp_pa
         assert turns["u1"]["status"] == "interrupted" and turns["u1"]["reason"] == "server_restart"
         assert turns["u2"]["status"] == "starting"
         assert await store.pending_requests() == []
-        assert [type(e).__name__ for _, e in await store.pending_effects()] == ["StartProviderTurn"]
+        # The interrupted turn's checkpoint is captured before the queued turn starts.
+        assert [type(e).__name__ for _, e in await store.pending_effects()] == ["CaptureCheckpoint", "StartProviderTurn"]

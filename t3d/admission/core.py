@@ -11,6 +11,9 @@ Theory of operation. Two limits decide whether a turn that is ready to start
   running) are held to `SATURATED_STARTS`, half of `EFFECT_WORKERS`.
   Everything already running continues.
 - The cap (`max_active`, 0 = none): turns admitted and not yet ended.
+- Memory pressure (`pressure_reading`, when memory admission is on): while
+  the level is severe no turn starts; once it clears, turns held for it start
+  one per reading, so each can show its cost before the next one starts.
 
 `AdmissionQueue` is the one owner of those counts, so two starts can never
 pass the check together. Held turns wait in FIFO order; a turn offered while
@@ -74,9 +77,13 @@ class AdmissionQueue:
     starting: set[str] = attrs.Factory(set)  # admitted, provider not yet running
     active: set[str] = attrs.Factory(set)  # admitted, not yet ended (includes starting)
     held: OrderedDict[str, str] = attrs.Factory(OrderedDict)  # turn id -> hold reason, FIFO
+    memory_severe: bool = False  # the last memory-pressure reading was severe
+    pressure_tokens: int = 0  # turns held for memory pressure that may start before the next reading
 
     def blocked(self, saturated: bool) -> str | None:
         """Why a start would be held now, or None."""
+        if self.memory_severe:
+            return "memory_pressure"
         if self.max_active and len(self.active) >= self.max_active:
             return "max_active_turns"
         if saturated and len(self.starting) >= self.saturated_starts:
@@ -98,10 +105,21 @@ class AdmissionQueue:
         """Held turns that may start now, in order (they count as admitted)."""
         admitted = []
         while self.held and self.blocked(saturated) is None:
-            turn_id, _ = self.held.popitem(last=False)
+            turn_id, reason = next(iter(self.held.items()))
+            if reason == "memory_pressure":
+                if self.pressure_tokens <= 0:
+                    break
+                self.pressure_tokens -= 1
+            self.held.popitem(last=False)
             self._admit(turn_id)
             admitted.append(turn_id)
         return admitted
+
+    def pressure_reading(self, severe: bool) -> None:
+        """A memory-pressure reading: severe holds every start; otherwise one turn held for
+        memory pressure may start (per reading)."""
+        self.memory_severe = severe
+        self.pressure_tokens = 0 if severe else 1
 
     def _admit(self, turn_id: str) -> None:
         self.starting.add(turn_id)

@@ -24,6 +24,7 @@ from t3d.domain.events import Effect, StartProviderTurn
 from t3d.domain.model import TERMINAL_TURN_STATUSES, Turn
 from t3d.errors import DomainError
 from t3d.loop_monitor import LoopMonitor
+from t3d.pressure.sampler import PressureSampler
 from t3d.store.commit import Committed
 from t3d.store.store import Store
 
@@ -39,8 +40,10 @@ class Admission:
         *,
         mark_ms: float,
         max_active: int,
+        pressure: PressureSampler | None = None,
     ) -> None:
         self._store = store
+        self._pressure = pressure
         self._monitor = monitor
         self._dispatch = dispatch
         self.gate = SaturationGate(mark_ms)
@@ -49,10 +52,14 @@ class Admission:
         self._lock = trio.Lock()  # an offer and its HoldTurn commit never interleave with admits
         self._wake = trio.Event()
         monitor.on_sample(self.on_lag_sample)
+        if pressure is not None:  # T3D_PRESSURE_ADMISSION=on
+            pressure.on_sample(self.on_pressure_sample)
+            # Keep reading while turns are in flight or held, listeners or not.
+            pressure.add_demand(lambda: bool(self.queue.active or self.queue.held))
 
     @property
     def enabled(self) -> bool:
-        return self.gate.mark_ms > 0 or self.queue.max_active > 0
+        return self.gate.mark_ms > 0 or self.queue.max_active > 0 or self._pressure is not None
 
     def on_commit(self, committed: Committed) -> None:
         for event in committed.events:
@@ -73,6 +80,8 @@ class Admission:
         if not isinstance(effect, StartProviderTurn) or not self.enabled:
             await self._dispatch(effect)
             return
+        if self._pressure is not None:
+            await self._pressure.fresh_level()  # a reading now if the sampler sleeps
         async with self._lock:
             reason = self.queue.offer(effect.turn_id, self.gate.saturated)
             if reason is not None:
@@ -118,6 +127,17 @@ class Admission:
             log.info("the event loop has recovered (lag p99 %.0f ms); turns start freely again", p99)
             self._wake.set()
 
+    def on_pressure_sample(self, level: str) -> None:
+        severe = level == "severe"
+        if severe != self.queue.memory_severe:
+            if severe:
+                log.warning("memory pressure is severe: new turns are held until it clears")
+            else:
+                log.info("memory pressure is no longer severe: held turns start one per reading")
+        self.queue.pressure_reading(severe)
+        if self.queue.held:
+            self._wake.set()
+
     def statistics(self) -> dict[str, Any]:
         state = "off" if self.gate.mark_ms <= 0 else "saturated" if self.gate.saturated else "open"
         return {
@@ -125,6 +145,7 @@ class Admission:
             "mark_ms": self.gate.mark_ms,
             "max_active_turns": self.queue.max_active,
             "held_turns": len(self.queue.held),
+            "memory_pressure": "off" if self._pressure is None else "severe" if self.queue.memory_severe else "clear",
             "starting_turns": len(self.queue.starting),
             "active_turns": len(self.queue.active),
             "saturated_s": round(self.gate.closed_seconds(trio.current_time()), 3),

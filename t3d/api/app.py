@@ -10,9 +10,14 @@ Rules:
 - Subscriptions are served by `Feeds` (t3d/live/feeds.py): join the hub,
   read a base (snapshot or replay), reply, send the base, go live; resync on
   overflow. Closing the connection releases them all at once.
-- Snapshots over HTTP are one JSON object written in pieces of at most
-  256 KiB; every GET route refuses query parameters it does not know (a
+- Snapshots over HTTP (``GET /api/threads/{id}``, ``thread.snapshot`` via
+  ``POST /api/dispatch``) are one JSON object written in pieces of at most
+  256 KiB; on a WebSocket ``thread.snapshot`` is streamed as
+  ``snapshot.chunk`` notifications, then the response (`Feeds.reply_snapshot`).
+  Every GET route refuses query parameters it does not know (a
   misspelled ``turnLimit`` must not silently return the whole thread).
+- Each WebSocket connection holds at most ``connection_budget`` bytes for its
+  client (t3d/live/budget.py).
 """
 
 from __future__ import annotations
@@ -31,15 +36,19 @@ from t3d.api.auth import bearer_ok, origin_allowed
 from t3d.api.methods import Methods, thread_not_found
 from t3d.api.transport import HttpRequest, HttpResponse
 from t3d.errors import SpawnerError, T3dError
+from t3d.live.budget import CONNECTION_BYTES
 from t3d.live.feeds import Feeds
 from t3d.live.hub import Hub
 from t3d.live.reads import BaseReader
+from t3d.pressure.sampler import PressureListener, PressureSampler
 from t3d.spawn.child import Spawner
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
 
 log = logging.getLogger("t3d.api")
 
 MAX_IN_FLIGHT = 32
+# subscribe.server subscriptions a connection may hold at once.
+MAX_SERVER_SUBS = 8
 
 _THREAD_PATH = re.compile(r"^/api/threads/([^/]+)$")
 _ITEM_PATH = re.compile(r"^/api/items/([^/]+)$")
@@ -68,8 +77,15 @@ class ApiApp:
         health: Callable[[], dict[str, Any]],
         bound: Callable[[], tuple[str, int]],
         spawner: Spawner,
+        pressure: PressureSampler | None = None,
+        connection_budget: int = CONNECTION_BYTES,
     ) -> None:
         self.methods = methods
+        self.pressure = pressure
+        # Bytes one WebSocket connection may hold for its client (t3d/live/budget.py).
+        self.connection_budget = connection_budget
+        # Open WebSocket connections (statistics, tests).
+        self.connections: set[WsConnection] = set()
         self._spawner = spawner
         self.hub = hub
         # Subscription bases; fresh snapshots shared per wave unless the hub projects per
@@ -120,17 +136,34 @@ class ApiApp:
             except SpawnerError as exc:
                 return _error(503, "spawner_unavailable", str(exc))
         if r.method == "POST" and r.path == "/api/dispatch":
-            return HttpResponse(200, await self._dispatch_frame(r.body))
+            return await self._dispatch(r.body)
         return _error(404, "not_found", f"no route for {r.method} {r.path}; see the README for the HTTP API")
 
-    async def _dispatch_frame(self, frame: bytes) -> bytes:
+    async def _dispatch(self, frame: bytes) -> HttpResponse:
         try:
             request = rpc.parse_request(frame)
         except rpc.RpcError as exc:
-            return rpc.error_frame(exc.request_id, exc.code, exc.message, exc.data)
+            return HttpResponse(200, rpc.error_frame(exc.request_id, exc.code, exc.message, exc.data))
         if request.method.startswith(("subscribe.", "unsubscribe")):
-            return rpc.error_frame(request.id, rpc.INVALID_REQUEST, f"{request.method} needs a WebSocket; connect to /ws")
-        return await self.answer(request)
+            return HttpResponse(200, rpc.error_frame(request.id, rpc.INVALID_REQUEST, f"{request.method} needs a WebSocket; connect to /ws"))
+        if request.method == "thread.snapshot":
+            return await self._dispatch_snapshot(request)
+        return HttpResponse(200, await self.answer(request))
+
+    async def _dispatch_snapshot(self, request: rpc.Request) -> HttpResponse:
+        """``thread.snapshot`` over HTTP: one JSON-RPC response whose body is streamed in pieces
+        of at most 256 KiB (the snapshot itself is never joined into one buffer)."""
+        try:
+            thread_id, turn_limit, before = self.methods.snapshot_params(rpc.Params(request.params))
+            pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
+            if pieces is None:
+                raise thread_not_found(thread_id)
+        except rpc.RpcError as exc:
+            return HttpResponse(200, rpc.error_frame(request.id, exc.code, exc.message, exc.data))
+        except T3dError as exc:
+            return HttpResponse(200, rpc.error_frame(request.id, rpc.INTERNAL_ERROR, str(exc)))
+        head = b'{"jsonrpc":"2.0","id":%s,"result":' % orjson.dumps(request.id)
+        return HttpResponse(200, head, parts=(*pieces, b"}"))
 
     async def answer(self, request: rpc.Request) -> bytes:
         try:
@@ -154,7 +187,12 @@ class ApiApp:
         return None
 
     async def handle_websocket(self, ws: trio_websocket.WebSocketConnection, request: HttpRequest) -> None:
-        await WsConnection(self, ws).run()
+        connection = WsConnection(self, ws)
+        self.connections.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self.connections.discard(connection)
 
 
 def _pieces(pieces: list[bytes]) -> HttpResponse:
@@ -205,8 +243,12 @@ class WsConnection:
     def __init__(self, app: ApiApp, ws: trio_websocket.WebSocketConnection) -> None:
         self.app = app
         self.ws = ws
-        self.feeds = Feeds(app.hub, app.bases, self.send)
+        self.feeds = Feeds(app.hub, app.bases, self.send, budget=app.connection_budget)
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
+        self._nursery: trio.Nursery | None = None
+        # subscribe.server subscriptions: id -> the scope of its delivery task (if it has one).
+        self._server_subs: dict[str, trio.CancelScope | None] = {}
+        self._next_server_sub = 0
 
     async def send(self, frame: bytes) -> None:
         await self.ws.send_message(frame.decode())
@@ -214,6 +256,7 @@ class WsConnection:
     async def run(self) -> None:
         try:
             async with trio.open_nursery() as nursery:
+                self._nursery = nursery
                 nursery.start_soon(self.feeds.run)
                 while True:
                     message = await self.ws.get_message()
@@ -228,16 +271,26 @@ class WsConnection:
             request = rpc.parse_request(message)
             if request.method in ("subscribe.thread", "subscribe.shell"):
                 await self._subscribe(request)
+            elif request.method == "subscribe.server":
+                await self._subscribe_server(request)
             elif request.method == "unsubscribe":
                 p = rpc.Params(request.params)
                 sub_id = p.str("sub", max_len=50)
                 p.check()
-                self.feeds.unsubscribe(sub_id)
+                if sub_id in self._server_subs:
+                    scope = self._server_subs.pop(sub_id)
+                    if scope is not None:
+                        scope.cancel()
+                else:
+                    self.feeds.unsubscribe(sub_id)
                 await self.send(rpc.result_frame(request.id, {"sub": sub_id}))
+            elif request.method == "thread.snapshot" and not request.is_notification:
+                thread_id, turn_limit, before = self.app.methods.snapshot_params(rpc.Params(request.params))
+                await self.feeds.reply_snapshot(request.id, thread_id, turn_limit, before)
             else:
                 reply = await self.app.answer(request)
                 if not request.is_notification:
-                    await self.send(reply)
+                    await self.feeds.send_reply(reply)
         except rpc.RpcError as exc:
             request_id = exc.request_id if request is None else request.id
             await self.send(rpc.error_frame(request_id, exc.code, exc.message, exc.data))
@@ -246,6 +299,40 @@ class WsConnection:
             await self.send(rpc.error_frame(request.id, rpc.INTERNAL_ERROR, str(exc)))
         finally:
             self._in_flight.release()
+
+    async def _subscribe_server(self, request: rpc.Request) -> None:
+        """``subscribe.server {memory_pressure?: bool}``: server-wide notices. Opted in, the
+        reply is followed by the current ``memory_pressure`` value, then by each change."""
+        opted = rpc.Params(request.params).raw("memory_pressure")
+        if opted is not None and not isinstance(opted, bool):
+            raise rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params: memory_pressure must be true or false, not {type(opted).__name__}")
+        if len(self._server_subs) >= MAX_SERVER_SUBS:
+            raise rpc.RpcError(rpc.INVALID_REQUEST, f"a connection may hold at most {MAX_SERVER_SUBS} server subscriptions; unsubscribe first")
+        self._next_server_sub += 1
+        sub_id = f"m{self._next_server_sub}"
+        pressure = self.app.pressure if opted else None
+        if pressure is None or self._nursery is None:
+            self._server_subs[sub_id] = None
+            await self.send(rpc.result_frame(request.id, {"sub": sub_id, "memory_pressure": False}))
+            return
+        listener = await pressure.listen()
+        scope = trio.CancelScope()
+        try:
+            await self.send(rpc.result_frame(request.id, {"sub": sub_id, "memory_pressure": True}))
+        except BaseException:
+            pressure.unlisten(listener)
+            raise
+        self._server_subs[sub_id] = scope
+        self._nursery.start_soon(self._deliver_pressure, sub_id, scope, pressure, listener)
+
+    async def _deliver_pressure(self, sub_id: str, scope: trio.CancelScope, pressure: PressureSampler, listener: PressureListener) -> None:
+        try:
+            with scope:
+                while True:
+                    value = await listener.receive()
+                    await self.send(rpc.notification_frame(sub_id, "memory_pressure", 0, value))
+        finally:
+            pressure.unlisten(listener)
 
     async def _subscribe(self, request: rpc.Request) -> None:
         p = rpc.Params(request.params)

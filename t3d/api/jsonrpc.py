@@ -93,6 +93,16 @@ def notification_frame(sub: str, kind: str, seq: int, data: bytes) -> bytes:
     )
 
 
+def reply_chunk_frame(request_id: RequestId, seq: int, data: bytes) -> bytes:
+    """One chunk of a streamed reply (``thread.snapshot``): a ``snapshot.chunk`` notification
+    naming the request it answers, spliced around already-encoded ``data``."""
+    return b'{"jsonrpc":"2.0","method":"snapshot.chunk","params":{"id":%s,"seq":%d,"data":%s}}' % (
+        orjson.dumps(request_id),
+        seq,
+        data,
+    )
+
+
 _MISSING = object()
 
 

@@ -28,6 +28,7 @@ from t3d.api.jsonrpc import (
 from t3d.domain import commands as c
 from t3d.domain.model import DECISIONS, PROVIDERS
 from t3d.errors import DomainError
+from t3d.git.api import GitMethods
 from t3d.live.reads import BaseReader
 from t3d.store.commit import Committed
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
@@ -63,8 +64,16 @@ def _sequence(committed: Committed) -> int | None:
 
 
 class Methods:
-    def __init__(self, store: Store) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        force_stop: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
+        git: GitMethods | None = None,
+    ) -> None:
         self._store = store
+        self._force_stop = force_stop
+        self._git = git
         self.reader = BaseReader(store)
         self.table: dict[str, Method] = {
             "server.hello": self.server_hello,
@@ -77,10 +86,14 @@ class Methods:
             "thread.snapshot": self.thread_snapshot,
             "turn.start": self.turn_start,
             "turn.interrupt": self.turn_interrupt,
+            "thread.force_stop": self.thread_force_stop,
             "request.respond": self.request_respond,
             "requests.pending": self.requests_pending,
             "item.detail": self.item_detail,
         }
+        if git is not None:  # worktrees, checkpoint.diff|revert, thread.move (t3d/git/api.py)
+            git.commit = self._commit
+            self.table.update(git.table)
 
     @property
     def store(self) -> Store:
@@ -117,7 +130,8 @@ class Methods:
             "server": "t3d",
             "version": t3d.__version__,
             "protocol": 1,
-            "methods": sorted([*self.table, "subscribe.thread", "subscribe.shell", "unsubscribe"]),
+            "methods": sorted([*self.table, "subscribe.thread", "subscribe.shell", "subscribe.server", "unsubscribe"]),
+            "capabilities": ["memory_pressure"],
             "providers": list(PROVIDERS),
         }
 
@@ -146,17 +160,25 @@ class Methods:
         thread_id = p.opt_str("thread_id", max_len=200) or _mint()
         workspace = p.raw("workspace")
         p.check()
-        if workspace not in (None, "root"):
-            raise RpcError(
-                DOMAIN_CODES["invalid"],
-                'workspace must be "root" in this build; worktrees are not available yet',
-            )
-        return await self._commit(
-            p,
-            c.CreateThread(
-                thread_id, project_id, provider, title=title, model=model, runtime_mode=runtime_mode
-            ),
-        )
+        if self._git is None:
+            if workspace not in (None, "root"):
+                raise RpcError(DOMAIN_CODES["invalid"], 'workspace must be "root": this server has no git support')
+            made = None
+        else:
+            made = await self._git.prepare_workspace(project_id, thread_id, workspace)
+        command = c.CreateThread(
+            thread_id, project_id, provider, title=title, model=model, runtime_mode=runtime_mode,
+            worktree_path=made.worktree_path if made else None, branch=made.branch if made else None,
+        )  # fmt: skip
+        try:
+            result = await self._commit(p, command)
+        except RpcError:
+            if self._git is not None and made is not None:
+                await self._git.drop_workspace(made)
+            raise
+        if self._git is not None:
+            result["checkpoints"] = await self._git.checkpoint_support(project_id, made)
+        return result
 
     async def thread_rename(self, p: Params) -> Any:
         thread_id, title = p.str("thread_id", max_len=200), p.str("title", max_len=500)
@@ -169,9 +191,13 @@ class Methods:
         return await self._commit(p, c.ArchiveThread(thread_id))
 
     async def thread_delete(self, p: Params) -> Any:
+        """Delete the thread; its worktree too (``remove_worktree``, default true) when a fresh
+        status shows it clean, or with ``force``. A dirty worktree refuses the delete."""
         thread_id = p.str("thread_id", max_len=200)
         p.check()
-        return await self._commit(p, c.DeleteThread(thread_id))
+        if self._git is None:
+            return await self._commit(p, c.DeleteThread(thread_id))
+        return await self._git.delete_thread(p, thread_id, lambda: self._commit(p, c.DeleteThread(thread_id)))
 
     def snapshot_params(self, p: Params) -> tuple[str, int, int | None]:
         """``thread_id``, ``turn_limit`` and ``before`` of a snapshot request, checked."""
@@ -199,6 +225,18 @@ class Methods:
         thread_id = p.str("thread_id", max_len=200)
         p.check()
         return await self._commit(p, c.InterruptTurn(thread_id))
+
+    async def thread_force_stop(self, p: Params) -> Any:
+        """Kill the thread's agent (its process group: TERM, a grace period, KILL); its
+        running turn ends cancelled (force_stop). Every other agent keeps running."""
+        thread_id = p.str("thread_id", max_len=200)
+        p.check()
+        if self._force_stop is None:
+            raise RpcError(DOMAIN_CODES["conflict"], "this server runs no agents; nothing to force stop")
+        try:
+            return await self._force_stop(thread_id)
+        except DomainError as exc:
+            raise RpcError(DOMAIN_CODES.get(exc.code, DOMAIN_CODES["invalid"]), exc.message) from None
 
     async def request_respond(self, p: Params) -> Any:
         request_id = p.str("request_id", max_len=200)

@@ -327,6 +327,11 @@ class RpcConnection:
         params = message.get("params")
         if message.get("method") == "sub" and isinstance(params, dict):
             self._enqueue(params, len(raw))
+        elif message.get("method") == "snapshot.chunk" and isinstance(params, dict):
+            # A chunk of a thread.snapshot reply (whose response only counts the chunks):
+            # delivered like a subscription's chunk, outside any subscription.
+            chunk = {"sub": None, "kind": "snapshot.chunk", "seq": params.get("seq"), "data": params.get("data")}
+            self._enqueue(chunk, len(raw))
 
     def _enqueue(self, params: JsonDict, size: int) -> None:
         if self._lagging:

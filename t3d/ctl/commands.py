@@ -1,4 +1,4 @@
-"""`t3d ctl status|threads|run`: the admin and terminal client, over the public API only.
+"""`t3d ctl status|threads|run|stop|memory`: the admin and terminal client, over the public API only.
 
 :func:`run_ctl` resolves the same settings as `t3d serve`, runs one
 subcommand under ``trio.run`` and turns every expected failure into one
@@ -43,6 +43,7 @@ from t3d.ctl.render import (
     Rendered,
     TurnRenderer,
     count_threads,
+    format_memory,
     format_status,
     format_threads_table,
     one_line,
@@ -52,6 +53,8 @@ from t3d.errors import ConfigError
 EXIT_OK = 0
 EXIT_SIGINT = 130
 THREAD_TITLE_CHARS = 60
+# How long `status` waits for a memory-pressure reading.
+MEMORY_WAIT_S = 3.0
 
 
 def add_ctl_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +69,18 @@ def add_ctl_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="ctl_command", metavar="COMMAND", required=True)
     commands.add_parser(
         "status", parents=[common], help="is the daemon up: version, uptime, projects and threads"
+    )
+    stop = commands.add_parser(
+        "stop", parents=[common], help="stop a thread's running turn (--force: kill its agent)"
+    )
+    stop.add_argument("thread", metavar="THREAD", help="the thread's id")
+    stop.add_argument(
+        "--force",
+        action="store_true",
+        help="kill the agent's process group (TERM, a grace period, KILL); the turn ends cancelled",
+    )
+    commands.add_parser(
+        "memory", parents=[common], help="watch memory pressure and the heaviest agents live"
     )
     threads = commands.add_parser("threads", parents=[common], help="list threads")
     threads.add_argument("--all", action="store_true", help="include archived threads")
@@ -120,10 +135,12 @@ def run_ctl(args: argparse.Namespace) -> int:
         "status": _status,
         "threads": _threads,
         "run": _run,
+        "stop": _stop,
+        "memory": _memory,
     }
     handler = handlers.get(getattr(args, "ctl_command", None) or "")
     if handler is None:
-        _err("error: name a command: t3d ctl status|threads|run (see t3d ctl --help)\n")
+        _err("error: name a command: t3d ctl status|threads|run|stop|memory (see t3d ctl --help)\n")
         return EXIT_USAGE
     try:
         return trio.run(handler, args, Endpoint.from_settings(settings))
@@ -168,16 +185,75 @@ async def _status(args: argparse.Namespace, endpoint: Endpoint) -> int:
         )
     projects, threads = await _fetch_shell(endpoint)
     counts = count_threads(threads)
+    memory = await _memory_now(endpoint, health)
     if args.json:
         _out(
             orjson.dumps(
-                {"url": endpoint.url, "health": health, "projects": len(projects), **counts}
+                {"url": endpoint.url, "health": health, "projects": len(projects), **counts, "memory_pressure": memory}
             ).decode()
             + "\n"
         )
     else:
-        _out(format_status(endpoint.url, health, len(projects), counts))
+        _out(format_status(endpoint.url, health, len(projects), counts) + format_memory(memory))
     return EXIT_OK if health.get("status") == "ok" else 1
+
+
+async def _memory_now(endpoint: Endpoint, health: JsonDict) -> JsonDict:
+    """The current memory-pressure value: health's while the daemon samples, else one
+    reading through an opted-in subscription (which the daemon answers with the value)."""
+    known = health.get("memory_pressure")
+    if isinstance(known, dict) and known.get("sampling"):
+        return known
+    with trio.move_on_after(MEMORY_WAIT_S):
+        try:
+            async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+                return await _next_memory_value(rpc, await _subscribe_memory(rpc))
+        except CtlError:
+            pass  # the rest of the status still stands
+    return known if isinstance(known, dict) else {"level": "none", "agents": [], "unavailable": "the daemon did not answer"}
+
+
+async def _subscribe_memory(rpc: RpcConnection) -> str:
+    reply = await rpc.call("subscribe.server", {"memory_pressure": True})
+    if not isinstance(reply, dict) or not reply.get("memory_pressure"):
+        raise CtlError("this daemon does not report memory pressure; is it an older t3d?")
+    return str(reply.get("sub"))
+
+
+async def _next_memory_value(rpc: RpcConnection, sub: str) -> JsonDict:
+    while True:
+        note = await rpc.receive_notification()
+        if note.get("sub") == sub and note.get("kind") == "memory_pressure" and isinstance(note.get("data"), dict):
+            return note["data"]  # type: ignore[no-any-return]
+
+
+async def _memory(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    """`t3d ctl memory`: print the level and the heaviest agents at once and on every change."""
+    async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+        sub = await _subscribe_memory(rpc)
+        while True:
+            value = await _next_memory_value(rpc, sub)
+            _out(orjson.dumps(value).decode() + "\n" if args.json else format_memory(value))
+
+
+async def _stop(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    """`t3d ctl stop THREAD [--force]`: interrupt the running turn, or kill the agent."""
+    async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+        if args.force:
+            result = await rpc.call("thread.force_stop", {"thread_id": args.thread})
+        else:
+            result = await rpc.call(
+                "turn.interrupt", {"thread_id": args.thread, "command_id": new_command_id()}
+            )
+    if args.json:
+        _out(orjson.dumps(result).decode() + "\n")
+    elif args.force:
+        pid = result.get("pid") if isinstance(result, dict) else None
+        how = f"killed its agent (process group {pid})" if pid else "its turn was cancelled"
+        _out(f"thread {args.thread}: {how}; the turn ends cancelled (force_stop)\n")
+    else:
+        _out(f"thread {args.thread}: interrupt requested\n")
+    return EXIT_OK
 
 
 async def _threads(args: argparse.Namespace, endpoint: Endpoint) -> int:

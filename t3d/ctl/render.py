@@ -400,6 +400,27 @@ def format_status(
     return "\n".join(lines) + "\n"
 
 
+def format_bytes(size: int) -> str:
+    """A size for people: ``28 MiB``, ``1.2 GiB``."""
+    if size >= 1 << 30:
+        return f"{size / (1 << 30):.1f} GiB"
+    return f"{max(size >> 20, 1) if size else 0} MiB"
+
+
+def format_memory(value: Mapping[str, Any]) -> str:
+    """One `memory_pressure` value as lines: the level, why it cannot be read, the heaviest agents."""
+    line = f"memory    {value.get('level', '?')}"
+    if value.get("unavailable"):
+        line += f" (cannot read memory pressure: {value['unavailable']})"
+    lines = [line]
+    for agent in value.get("agents") or ():
+        if isinstance(agent, Mapping):
+            size = agent.get("memory_bytes")
+            shown = format_bytes(size) if isinstance(size, int) else "?"
+            lines.append(f"          {shown:>9}  thread {agent.get('thread_id', '?')} ({agent.get('source', '?')})")
+    return "\n".join(lines) + "\n"
+
+
 def format_threads_table(threads: Sequence[Mapping[str, Any]], *, title_chars: int = 60) -> str:
     """`t3d ctl threads`: one aligned row per thread, oldest first."""
     if not threads:

@@ -13,6 +13,7 @@ from cattrs.preconf.orjson import make_converter
 
 from t3d.domain.events import Event, EventKind
 from t3d.domain.model import (
+    Checkpoint,
     Entity,
     Project,
     ProviderSession,
@@ -32,6 +33,7 @@ ENTITY_OF_KIND: dict[str, type] = {
     "item.updated": TurnItem,
     "request.updated": RuntimeRequest,
     "session.updated": ProviderSession,
+    "checkpoint.updated": Checkpoint,
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from t3d.domain.model import JsonDict, ProviderSession, TurnItem
+from t3d.domain.model import Checkpoint, JsonDict, ProviderSession, TurnItem
 
 # --- client commands ---------------------------------------------------------
 
@@ -135,6 +135,33 @@ class RecoverAfterRestart:
     """Give every non-terminal turn a terminal record and expire pending requests."""
 
 
+# --- checkpoint commands (t3d/git) ---------------------------------------------------------
+
+
+@attrs.frozen
+class RecordCheckpoint:
+    """A turn's checkpoint was captured (or failed): record it and its item in the turn."""
+
+    checkpoint: Checkpoint
+
+
+@attrs.frozen
+class MarkReverted:
+    """The thread's files were restored to checkpoint ``ordinal``: later turns are reverted."""
+
+    thread_id: str
+    ordinal: int
+
+
+@attrs.frozen
+class MoveThread:
+    """The thread works in another directory from its next turn on (it must be idle)."""
+
+    thread_id: str
+    worktree_path: str | None
+    branch: str | None
+
+
 ClientCommand = (
     CreateProject
     | CreateThread
@@ -147,4 +174,39 @@ ClientCommand = (
 )
 ProviderCommand = MarkTurnRunning | RecordItems | OpenRequest | FinishTurn | RecordSession
 AdmissionCommand = HoldTurn | AdmitTurn
-Command = ClientCommand | ProviderCommand | AdmissionCommand | RecoverAfterRestart
+CheckpointCommand = RecordCheckpoint | MarkReverted | MoveThread
+Command = ClientCommand | ProviderCommand | AdmissionCommand | RecoverAfterRestart | CheckpointCommand
+
+# Provider updates that may share a transaction with other sessions' updates
+# already queued. The other provider commands (a turn's end, a request opened)
+# are barriers: each commits alone, after every update queued before it.
+BATCHABLE = (MarkTurnRunning, RecordItems, RecordSession)
+
+_ENTITY_OVERHEAD = 200  # ids, kinds, timestamps and field names of one entity
+
+
+def estimated_size(command: Command) -> int:
+    """Rough bytes of the entities ``command`` writes, for a batch's byte bound. Pure."""
+    if isinstance(command, RecordItems):
+        return sum(_ENTITY_OVERHEAD + json_size(item.title) + json_size(item.text) + json_size(item.data) for item in command.items)
+    return _ENTITY_OVERHEAD
+
+
+def json_size(value: object) -> int:
+    """About how many bytes ``value`` takes as JSON (strings by length; no encoding). Pure."""
+    size, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            size += len(item) + 2
+        elif isinstance(item, dict):
+            size += 2
+            for key, inner in item.items():
+                size += len(key) + 4
+                stack.append(inner)
+        elif isinstance(item, list | tuple):
+            size += 2 + len(item)
+            stack.extend(item)
+        else:
+            size += 8
+    return size

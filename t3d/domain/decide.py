@@ -30,6 +30,7 @@ import attrs
 from t3d.domain import commands as c
 from t3d.domain.events import (
     AnswerProviderRequest,
+    CaptureCheckpoint,
     Effect,
     Event,
     InterruptProviderTurn,
@@ -45,6 +46,7 @@ from t3d.domain.model import (
     PROVIDERS,
     RUNNABLE_PROVIDERS,
     TERMINAL_TURN_STATUSES,
+    Checkpoint,
     Entity,
     JsonDict,
     Project,
@@ -239,7 +241,7 @@ def _start_turn(d: _Draft, cmd: c.StartTurn, now: float) -> Decision:
         )
     )
     if not busy:
-        d.effects.append(StartProviderTurn(thread.id, turn.id, cmd.text))
+        d.effects.append(StartProviderTurn(thread.id, turn.id, cmd.text, turn.ordinal))
     d.refresh_thread_status(thread.id)
     return d.decision(turn_id=turn.id, status=turn.status)
 
@@ -363,6 +365,7 @@ def _finish_turn(d: _Draft, cmd: c.FinishTurn, now: float) -> Decision:
     if turn.terminal:  # a turn ends once; a late second report changes nothing
         return d.decision(turn_id=turn.id, status=turn.status)
     _close_turn(d, turn, now, cmd.status, cmd.error, cmd.reason, usage=cmd.usage, cost_usd=cmd.cost_usd)
+    _capture_checkpoint(d, turn)  # before the next turn's start: its baseline comes after
     _start_next_queued(d, turn.thread_id)
     d.refresh_thread_status(turn.thread_id)
     return d.decision(turn_id=turn.id, status=cmd.status)
@@ -415,7 +418,7 @@ def _start_next_queued(d: _Draft, thread_id: str, *, restart_held: bool = False)
     turn = queued[0]
     d.put(attrs.evolve(turn, status="starting", queue_reason=None))
     user = d.get(TurnItem, f"{turn.id}:user", d.view.item)
-    d.effects.append(StartProviderTurn(thread_id, turn.id, user.text if user and user.text else ""))
+    d.effects.append(StartProviderTurn(thread_id, turn.id, user.text if user and user.text else "", turn.ordinal))
 
 
 def _record_session(d: _Draft, cmd: c.RecordSession, now: float) -> Decision:
@@ -438,6 +441,7 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
                 "server_restart",
                 request_status="expired",
             )
+            _capture_checkpoint(d, turn)
     for request in d.view.all_pending_requests():
         if d.get(RuntimeRequest, request.id, d.view.request).status == "pending":
             d.put(attrs.evolve(request, status="expired", resolved_at=now))
@@ -447,6 +451,102 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
         _start_next_queued(d, thread_id, restart_held=True)
         d.refresh_thread_status(thread_id)
     return d.decision(threads=len(threads))
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+
+
+def _thread_directory(d: _Draft, thread: Thread) -> str:
+    """Where the thread's turns run: its worktree, else its project's directory."""
+    if thread.worktree_path:
+        return thread.worktree_path
+    project = d.view.project(thread.project_id)
+    return project.path if project is not None else ""
+
+
+def _capture_checkpoint(d: _Draft, turn: Turn) -> None:
+    """A turn that ran (started, whatever its end) gets its checkpoint, in its own directory."""
+    if turn.started_at is None and turn.status not in ACTIVE_TURN_STATUSES:
+        return  # never ran (cancelled while queued): nothing to capture
+    thread = d.thread(turn.thread_id)
+    d.effects.append(CaptureCheckpoint(thread.id, turn.id, turn.ordinal, _thread_directory(d, thread)))
+
+
+def _checkpoint_item(cp: Checkpoint, turn: Turn, now: float) -> TurnItem:
+    if cp.status == "ok":
+        files = len(cp.files)
+        title = f"Checkpoint {cp.ordinal}: {files} file{'s' if files != 1 else ''} changed, +{cp.additions} -{cp.deletions}"
+    elif cp.status == "unavailable":
+        title = "No checkpoint: " + (cp.error or "checkpoints are unavailable here")
+    else:
+        title = "Checkpoint failed: " + (cp.error or "unknown error")
+    data = {
+        "checkpoint_id": cp.id,
+        "status": cp.status,
+        "ordinal": cp.ordinal,
+        "ref": cp.ref,
+        "base_ref": cp.base_ref,
+        "worktree": cp.worktree,
+        "files": cp.files,
+        "additions": cp.additions,
+        "deletions": cp.deletions,
+        "error": cp.error,
+    }
+    return TurnItem(
+        id=f"{turn.id}:checkpoint",
+        thread_id=turn.thread_id,
+        turn_id=turn.id,
+        ordinal=0,
+        kind="checkpoint",
+        status="failed" if cp.status == "error" else "completed",
+        title=title,
+        text=None,
+        data=data,
+        updated_at=now,
+    )
+
+
+def _record_checkpoint(d: _Draft, cmd: c.RecordCheckpoint, now: float) -> Decision:
+    cp = cmd.checkpoint
+    turn = d.turn(cp.turn_id)
+    _require(turn.thread_id == cp.thread_id, "conflict", f"turn {turn.id!r} is not in thread {cp.thread_id!r}")
+    _require(turn.ordinal == cp.ordinal, "conflict", f"turn {turn.id!r} has ordinal {turn.ordinal}, not {cp.ordinal}")
+    d.put(cp)
+    _upsert_item(d, _checkpoint_item(cp, turn, now), turn)
+    return d.decision(checkpoint_id=cp.id, status=cp.status)
+
+
+def _require_idle(d: _Draft, thread: Thread, what: str) -> None:
+    _require(
+        not d.open_turns(thread.id),
+        "conflict",
+        f"thread {thread.id!r} has a turn running or queued; interrupt it or wait for it to end before you {what}",
+    )
+
+
+def _mark_reverted(d: _Draft, cmd: c.MarkReverted, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    _require_idle(d, thread, "revert its files")
+    changed = 0
+    for turn in d.view.thread_turns(thread.id):
+        turn = d.get(Turn, turn.id, d.view.turn)
+        later = turn.ordinal > cmd.ordinal
+        if later and turn.reverted_at is None:
+            d.put(attrs.evolve(turn, reverted_at=now))
+            changed += 1
+        elif not later and turn.reverted_at is not None:
+            d.put(attrs.evolve(turn, reverted_at=None))
+            changed += 1
+    return d.decision(thread_id=thread.id, ordinal=cmd.ordinal, turns_changed=changed)
+
+
+def _move_thread(d: _Draft, cmd: c.MoveThread, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    _require(thread.archived_at is None, "conflict", f"thread {thread.id!r} is archived; start a new thread")
+    _require_idle(d, thread, "move it")
+    d.put(attrs.evolve(thread, worktree_path=cmd.worktree_path, branch=cmd.branch))
+    d.effects.append(StopProviderSession(thread.id))  # the next turn starts its agent in the new directory
+    return d.decision(thread_id=thread.id, worktree_path=cmd.worktree_path, branch=cmd.branch)
 
 
 _RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
@@ -466,6 +566,9 @@ _RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
     c.FinishTurn: _finish_turn,
     c.RecordSession: _record_session,
     c.RecoverAfterRestart: _recover_after_restart,
+    c.RecordCheckpoint: _record_checkpoint,
+    c.MarkReverted: _mark_reverted,
+    c.MoveThread: _move_thread,
 }
 
 

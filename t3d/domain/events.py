@@ -16,6 +16,7 @@ from typing import Literal
 import attrs
 
 from t3d.domain.model import (
+    Checkpoint,
     Entity,
     Project,
     ProviderSession,
@@ -33,6 +34,7 @@ EventKind = Literal[
     "item.updated",
     "request.updated",
     "session.updated",
+    "checkpoint.updated",
 ]
 
 KIND_OF_ENTITY: dict[type, EventKind] = {
@@ -42,6 +44,7 @@ KIND_OF_ENTITY: dict[type, EventKind] = {
     TurnItem: "item.updated",
     RuntimeRequest: "request.updated",
     ProviderSession: "session.updated",
+    Checkpoint: "checkpoint.updated",
 }
 
 
@@ -74,6 +77,7 @@ class StartProviderTurn:
     thread_id: str
     turn_id: str
     text: str
+    ordinal: int = 0  # the turn's ordinal (0 in effects stored before it was recorded)
 
 
 @attrs.frozen
@@ -97,4 +101,14 @@ class StopProviderSession:
     thread_id: str
 
 
-Effect = StartProviderTurn | InterruptProviderTurn | AnswerProviderRequest | StopProviderSession
+@attrs.frozen
+class CaptureCheckpoint:
+    """The turn ended (whatever its status): commit its worktree's files as its checkpoint."""
+
+    thread_id: str
+    turn_id: str
+    ordinal: int
+    worktree: str  # the directory the turn ran in
+
+
+Effect = StartProviderTurn | InterruptProviderTurn | AnswerProviderRequest | StopProviderSession | CaptureCheckpoint

@@ -95,6 +95,8 @@ class Turn:
     error: str | None = None
     # Machine reason for a terminal status (e.g. ``server_restart``, ``interrupt_timeout``).
     reason: str | None = None
+    # Set when the files were reverted to a checkpoint before this turn (checkpoint.revert).
+    reverted_at: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -151,4 +153,31 @@ class ProviderSession:
     stderr_tail: str | None = None
 
 
-Entity = Project | Thread | Turn | TurnItem | RuntimeRequest | ProviderSession
+# ok: captured; error: the capture failed (``error`` says why; the turn is unaffected);
+# unavailable: the thread's directory is not in a git repository (no checkpoints there).
+CheckpointStatus = Literal["ok", "error", "unavailable"]
+
+
+@attrs.frozen
+class Checkpoint:
+    """The files after a turn, as a commit under a hidden ref (t3d/git/checkpoints.py)."""
+
+    id: str  # "<thread_id>:<ordinal>"
+    thread_id: str
+    turn_id: str
+    ordinal: int  # the turn's ordinal
+    worktree: str  # the directory it was taken in: the thread's own, as the turn ran
+    status: CheckpointStatus
+    created_at: float
+    ref: str | None = None
+    commit: str | None = None
+    # The ref the turn started from (its baseline), which `files` are counted against.
+    base_ref: str | None = None
+    # [{path, additions, deletions}] (binary files: additions/deletions None), at most 500.
+    files: list[JsonDict] = attrs.Factory(list)
+    additions: int = 0
+    deletions: int = 0
+    error: str | None = None
+
+
+Entity = Project | Thread | Turn | TurnItem | RuntimeRequest | ProviderSession | Checkpoint

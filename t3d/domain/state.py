@@ -15,6 +15,7 @@ import attrs
 
 from t3d.domain.events import Event
 from t3d.domain.model import (
+    Checkpoint,
     Project,
     ProviderSession,
     RuntimeRequest,
@@ -41,6 +42,11 @@ class StateView(Protocol):
     def all_open_turns(self) -> list[Turn]: ...
     def all_pending_requests(self) -> list[RuntimeRequest]: ...
     def live_sessions(self) -> list[ProviderSession]: ...
+    def thread_turns(self, thread_id: str) -> list[Turn]:
+        """Every turn of a thread, by ordinal (for rare whole-thread rules: a revert)."""
+        ...
+
+    def checkpoint(self, checkpoint_id: str) -> Checkpoint | None: ...
 
 
 # Entity type -> the `State` attribute that holds its rows.
@@ -51,6 +57,7 @@ _TABLE_OF: dict[type, str] = {
     TurnItem: "items",
     RuntimeRequest: "requests",
     ProviderSession: "sessions",
+    Checkpoint: "checkpoints",
 }
 
 
@@ -64,6 +71,7 @@ class State:
     items: dict[str, TurnItem] = attrs.Factory(dict)
     requests: dict[str, RuntimeRequest] = attrs.Factory(dict)
     sessions: dict[str, ProviderSession] = attrs.Factory(dict)
+    checkpoints: dict[str, Checkpoint] = attrs.Factory(dict)
 
     # --- StateView ---
     def project(self, project_id: str) -> Project | None:
@@ -109,6 +117,12 @@ class State:
     def live_sessions(self) -> list[ProviderSession]:
         return [s for s in self.sessions.values() if s.status != "exited"]
 
+    def thread_turns(self, thread_id: str) -> list[Turn]:
+        return sorted((t for t in self.turns.values() if t.thread_id == thread_id), key=lambda t: t.ordinal)
+
+    def checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
+        return self.checkpoints.get(checkpoint_id)
+
     # --- fold ---
     def apply(self, event: Event) -> None:
         """Project one event: replace the entity's row, or delete a thread's rows."""
@@ -124,7 +138,7 @@ class State:
 
     def _delete_thread(self, thread_id: str) -> None:
         self.threads.pop(thread_id, None)
-        for table in (self.turns, self.items, self.requests, self.sessions):
+        for table in (self.turns, self.items, self.requests, self.sessions, self.checkpoints):
             for key in [k for k, v in table.items() if v.thread_id == thread_id]:
                 del table[key]
 

@@ -15,6 +15,16 @@ Rules:
   burst joins the same wave and shares one read; and the connection's other
   subscriptions keep flowing meanwhile. The stream never ends because the
   client was slow.
+- The connection's memory is bounded by its `Budget` (budget.py, 16 MiB):
+  every subscription's buffer counts, and so does whatever a task holds
+  until it is sent (a base, a snapshot reply, a reply, the live frame on its
+  way). At the bound the fullest subscriptions are resynced first.
+- One base or snapshot reply at a time: a subscribe, a resync or a
+  ``thread.snapshot`` waits for the connection's previous one to be sent
+  before it reads, so a client that does not read holds at most one.
+- ``thread.snapshot`` is answered in chunks too (`reply_snapshot`): one
+  ``snapshot.chunk`` notification per chunk, tied to the request by its id,
+  then the response with the totals (README, "Snapshots over JSON-RPC").
 - `close` (the connection is gone) leaves the hub and drops every buffer
   before the connection's tasks are gone, so no publish can reach a closed
   connection; the tasks end with its nursery, and with them every chunk and
@@ -31,21 +41,28 @@ import trio
 
 from t3d.api import jsonrpc as rpc
 from t3d.live.base import Base, Snapshot
+from t3d.live.budget import CONNECTION_BYTES, Budget
+from t3d.live.chunks import CHUNK_BYTES
 from t3d.live.hub import Hub, Subscription
 from t3d.live.reads import BaseReader
 
 MAX_SUBSCRIPTIONS = 256
 # Frames a subscription may send before the sender turns to the next one.
 SEND_BATCH = 64
+# A streamed reply repeats its request's id in every chunk's envelope.
+MAX_ID_BYTES = 1024
 
 Send = Callable[[bytes], Awaitable[None]]
 
 
 class Feeds:
-    def __init__(self, hub: Hub, reader: BaseReader, send: Send) -> None:
+    def __init__(self, hub: Hub, reader: BaseReader, send: Send, *, budget: int = CONNECTION_BYTES) -> None:
         self._hub = hub
         self._reader = reader
         self._send = send
+        self.budget = Budget(budget)
+        # Held while a base or a snapshot reply is read and sent: one at a time.
+        self._one_base = trio.Lock()
         self.subs: dict[str, Subscription] = {}
         self._next_sub = 0
         self._wake = trio.Event()
@@ -79,23 +96,54 @@ class Feeds:
         if len(self.subs) >= MAX_SUBSCRIPTIONS:
             raise rpc.RpcError(rpc.INVALID_REQUEST, f"a connection may hold at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe first")
         self._next_sub += 1
-        sub = Subscription(f"s{self._next_sub}", topic, thread_id, lambda: None, turn_limit=turn_limit)
+        sub = Subscription(f"s{self._next_sub}", topic, thread_id, lambda: None, turn_limit=turn_limit, budget=self.budget)
         sub.wake = lambda: self._woken(sub)
         self._hub.subscribe(sub)  # join first, then read: nothing falls in between
         self.subs[sub.sub_id] = sub
-        try:
-            if thread_id is None:
-                base: Base | None = await self._reader.shell_base(after)
-            else:
-                base = await self._reader.thread_base(thread_id, turn_limit, after)
-            if base is None:
+        self.budget.members.add(sub)
+        async with self._one_base:
+            try:
+                if thread_id is None:
+                    base: Base | None = await self._reader.shell_base(after)
+                else:
+                    base = await self._reader.thread_base(thread_id, turn_limit, after)
+                if base is None:
+                    raise rpc.RpcError(rpc.NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+            except BaseException:
+                self._forget(sub)
+                raise
+            kind = "snapshot" if isinstance(base, Snapshot) else "replay"
+            await self._send(rpc.result_frame(request_id, {"sub": sub.sub_id, "sequence": base.sequence, "base": kind}))
+            await self._send_base(sub, base)
+
+    async def reply_snapshot(self, request_id: rpc.RequestId, thread_id: str, turn_limit: int, before: int | None) -> None:
+        """Answer ``thread.snapshot``: a ``snapshot.chunk`` notification per chunk (each frame
+        at most 256 KiB), then the response ``{sequence, chunks}``. Raises RpcError (nothing
+        sent) for a thread that does not exist."""
+        if len(orjson.dumps(request_id)) > MAX_ID_BYTES:
+            raise rpc.RpcError(rpc.INVALID_REQUEST, f"the request id is too long for a streamed reply; use an id of at most {MAX_ID_BYTES} bytes")
+        room = CHUNK_BYTES - len(rpc.reply_chunk_frame(request_id, 1 << 62, b""))
+        async with self._one_base:
+            snapshot = await self._reader.thread_snapshot(thread_id, turn_limit, before, room)
+            if snapshot is None:
                 raise rpc.RpcError(rpc.NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
-        except BaseException:
-            self._forget(sub)
-            raise
-        kind = "snapshot" if isinstance(base, Snapshot) else "replay"
-        await self._send(rpc.result_frame(request_id, {"sub": sub.sub_id, "sequence": base.sequence, "base": kind}))
-        await self._send_base(sub, base)
+            size = sum(len(chunk) for chunk in snapshot.chunks)
+            self.budget.hold(size)
+            try:
+                for chunk in snapshot.chunks:
+                    await self._send(rpc.reply_chunk_frame(request_id, snapshot.sequence, chunk))
+                totals = orjson.Fragment(b'{"sequence":%d,"chunks":%d}' % (snapshot.sequence, len(snapshot.chunks)))
+                await self._send(rpc.result_frame(request_id, totals))
+            finally:
+                self.budget.release(size)
+
+    async def send_reply(self, frame: bytes) -> None:
+        """Send a reply, its bytes counted in the budget while it waits for the socket."""
+        self.budget.hold(len(frame))
+        try:
+            await self._send(frame)
+        finally:
+            self.budget.release(len(frame))
 
     def unsubscribe(self, sub_id: str) -> None:
         sub = self.subs.get(sub_id)
@@ -105,6 +153,7 @@ class Feeds:
 
     def _forget(self, sub: Subscription) -> None:
         self._hub.unsubscribe(sub)
+        self.budget.members.discard(sub)
         if self.subs.get(sub.sub_id) is sub:
             del self.subs[sub.sub_id]
 
@@ -117,7 +166,19 @@ class Feeds:
     # --- bases -----------------------------------------------------------------------------
 
     async def _send_base(self, sub: Subscription, base: Base) -> None:
-        """Send ``base`` (stopping early if the subscription ends), then go live at its sequence."""
+        """Send ``base`` (stopping early if the subscription ends), then go live at its
+        sequence; its bytes count in the budget meanwhile. Called holding `_one_base`."""
+        if isinstance(base, Snapshot):
+            size = sum(len(chunk) for chunk in base.chunks)
+        else:
+            size = sum(len(frame) for _, frame in base.frames)
+        self.budget.hold(size)
+        try:
+            await self._send_base_frames(sub, base)
+        finally:
+            self.budget.release(size)
+
+    async def _send_base_frames(self, sub: Subscription, base: Base) -> None:
         seq = base.sequence
         if isinstance(base, Snapshot):
             for chunk in base.chunks:
@@ -137,18 +198,20 @@ class Feeds:
 
     async def _resync(self, sub: Subscription) -> None:
         sub.begin_resync()
-        # Joined before the next checkpoint, so the read starts after begin_resync.
-        wave = self._reader.join_snapshot((sub.thread_id, sub.turn_limit))
-        await self._send(rpc.notification_frame(sub.sub_id, "resync", sub.base_seq, b'{"reason":"overflow"}'))
-        snapshot = await wave.result()
-        if sub.sub_id not in self.subs:
-            return
-        if snapshot is None:  # the thread is gone: say so, and the subscription ends
-            self._forget(sub)
-            gone = orjson.dumps({"kind": "thread.deleted", "sequence": None, "entity": {"id": sub.thread_id}})
-            await self._send(rpc.notification_frame(sub.sub_id, "event", sub.base_seq, gone))
-            return
-        await self._send_base(sub, snapshot)
+        async with self._one_base:
+            # Joined after begin_resync, so the wave's read starts after it too; subscriptions
+            # of other connections that overflowed in the same burst join the same wave.
+            wave = self._reader.join_snapshot((sub.thread_id, sub.turn_limit))
+            await self._send(rpc.notification_frame(sub.sub_id, "resync", sub.base_seq, b'{"reason":"overflow"}'))
+            snapshot = await wave.result()
+            if sub.sub_id not in self.subs:
+                return
+            if snapshot is None:  # the thread is gone: say so, and the subscription ends
+                self._forget(sub)
+                gone = orjson.dumps({"kind": "thread.deleted", "sequence": None, "entity": {"id": sub.thread_id}})
+                await self._send(rpc.notification_frame(sub.sub_id, "event", sub.base_seq, gone))
+                return
+            await self._send_base(sub, snapshot)
 
     # --- live frames -----------------------------------------------------------------------
 
@@ -180,6 +243,10 @@ class Feeds:
                 frame = sub.pop()
                 if frame is None:
                     break
-                await self._send(rpc.notification_frame(sub.sub_id, "event", frame[0], frame[1]))
+                self.budget.hold(len(frame[1]))
+                try:
+                    await self._send(rpc.notification_frame(sub.sub_id, "event", frame[0], frame[1]))
+                finally:
+                    self.budget.release(len(frame[1]))
                 sent = True
         return sent

@@ -11,6 +11,9 @@ Rules:
   buffer and marks the subscription for resync: its connection sends
   ``resync``, a fresh snapshot, then live events again. A slow client never
   slows the hub or other clients, and never grows memory.
+- The subscriptions of one connection also share its byte budget
+  (budget.py): a frame that would take the connection past it first
+  resyncs that connection's fullest subscriptions.
 - Thread subscriptions get their thread's events. Shell subscriptions get
   project updates and the shell rows the writer recomputed once per touched
   thread per commit, in sequence order.
@@ -29,6 +32,7 @@ import attrs
 import orjson
 
 from t3d.domain.codec import to_json
+from t3d.live.budget import Budget
 from t3d.live.wire import event_frame, shell_row_frame
 from t3d.store.commit import Committed, StoredEvent
 
@@ -58,26 +62,36 @@ class Subscription:
     turn_limit: int = 10
     max_items: int = MAX_ITEMS
     max_bytes: int = MAX_BYTES
+    # The connection's budget, shared with its other subscriptions (None: only the bounds above).
+    budget: Budget | None = None
 
     def push(self, frame: Frame) -> None:
         if self.needs_resync:
             return  # everything until the fresh snapshot is covered by it
         size = len(frame[1])
         if len(self.frames) >= self.max_items or self.buffered_bytes + size > self.max_bytes:
-            self.frames.clear()
-            self.buffered_bytes = 0
-            self.needs_resync = True
-            self.resyncs += 1
+            self.overflow()
         else:
-            self.frames.append(frame)
-            self.buffered_bytes += size
+            if self.budget is not None:
+                self.budget.make_room(size)  # may resync this subscription itself
+            if not self.needs_resync:
+                self.frames.append(frame)
+                self.buffered_bytes += size
+                if self.budget is not None:
+                    self.budget.grew(size)
         self.wake()
+
+    def overflow(self) -> None:
+        """Drop the buffer and ignore frames until `begin_resync` (a fresh base follows)."""
+        self.take()
+        self.needs_resync = True
+        self.resyncs += 1
 
     def pop(self) -> Frame | None:
         """The next frame to deliver (newer than the base), or None. Only while live."""
         while self.live and not self.needs_resync and self.frames:
             frame = self.frames.popleft()
-            self.buffered_bytes -= len(frame[1])
+            self._shrunk(len(frame[1]))
             if frame[0] > self.base_seq:
                 return frame
         return None
@@ -86,8 +100,13 @@ class Subscription:
         """Every buffered frame, delivered or not (tests and diagnostics)."""
         frames = list(self.frames)
         self.frames.clear()
-        self.buffered_bytes = 0
+        self._shrunk(self.buffered_bytes)
         return frames
+
+    def _shrunk(self, size: int) -> None:
+        self.buffered_bytes -= size
+        if self.budget is not None:
+            self.budget.buffered -= size
 
     def begin_resync(self) -> None:
         """Start over: drop the buffer and buffer again from now; a fresh base must follow,

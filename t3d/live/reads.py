@@ -9,6 +9,10 @@ Resume bounds: a gap of at most `REPLAY_MAX_EVENTS` events and
 `REPLAY_MAX_BYTES` (stored payload bytes) is replayed; a larger one gets a
 fresh snapshot from the same read transaction. The shell's replay also looks
 at no more than `SHELL_SCAN_MAX` events of any kind.
+
+Read classes (read_classes.py): the shell and pending requests are small; a
+snapshot of the latest turns is a page (`snapshot_read_class`); history pages,
+resume replays and `detail` (the full value of a huge field) are history.
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ from typing import TypeVar
 import orjson
 
 from t3d.live import base as b
-from t3d.live.chunks import Parts, object_bytes, object_pieces
+from t3d.live.chunks import Parts, chunk_objects, object_bytes, object_pieces
 from t3d.live.shared import SharedReads, Wave
 from t3d.live.wire import Path, summarize_payload, value_at
 from t3d.store import queries as q
+from t3d.store.read_classes import ReadClass
 from t3d.store.replay import shell_resume_query, thread_resume_query
 from t3d.store.store import Store
 
@@ -49,15 +54,16 @@ class BaseReader:
     async def _read_snapshot(self, key: SnapshotKey) -> b.Snapshot | None:
         thread_id, turn_limit = key
         if thread_id is None:
-            return await self._store.read(q.shell_query, b.decode_shell_snapshot)
-        return await self._store.read(q.snapshot_query(thread_id, turn_limit, None), b.decode_thread_snapshot)
+            return await self._store.read(q.shell_query, b.decode_shell_snapshot, ReadClass.SMALL)
+        query = q.snapshot_query(thread_id, turn_limit, None)
+        return await self._store.read(query, b.decode_thread_snapshot, q.snapshot_read_class(turn_limit, None))
 
     async def thread_base(self, thread_id: str, turn_limit: int, after: int | None) -> b.Base | None:
         """What a thread subscriber needs first: a replay since ``after``, or a snapshot."""
         if after is None:
             return await self.join_snapshot((thread_id, turn_limit)).result()
         query = thread_resume_query(thread_id, after, turn_limit, REPLAY_MAX_EVENTS, REPLAY_MAX_BYTES)
-        return await self._store.read(query, b.decode_thread_resume)
+        return await self._store.read(query, b.decode_thread_resume, ReadClass.HISTORY)
 
     async def shell_base(self, after: int | None) -> b.Base:
         if after is None:
@@ -65,17 +71,30 @@ class BaseReader:
             assert snapshot is not None
             return snapshot
         query = shell_resume_query(after, REPLAY_MAX_EVENTS, REPLAY_MAX_BYTES, SHELL_SCAN_MAX)
-        return await self._store.read(query, b.decode_shell_resume)
+        return await self._store.read(query, b.decode_shell_resume, ReadClass.HISTORY)
 
     # --- whole snapshots, for request/response (RPC, HTTP) ------------------------------
 
     async def thread_snapshot_pieces(self, thread_id: str, turn_limit: int, before: int | None) -> list[bytes] | None:
         """The thread snapshot as one JSON object in pieces of at most 256 KiB (HTTP)."""
-        return await self._store.read(q.snapshot_query(thread_id, turn_limit, before), _pieces(b.thread_parts))
+        query = q.snapshot_query(thread_id, turn_limit, before)
+        return await self._store.read(query, _pieces(b.thread_parts), q.snapshot_read_class(turn_limit, before))
+
+    async def thread_snapshot(self, thread_id: str, turn_limit: int, before: int | None, chunk_bytes: int) -> b.Snapshot | None:
+        """The thread snapshot as chunk objects of at most ``chunk_bytes`` each (a streamed
+        ``thread.snapshot`` reply on a WebSocket)."""
+
+        def decode(raw: q.SnapshotRaw) -> b.Snapshot | None:
+            parts = b.thread_parts(raw)
+            return None if parts is None else b.Snapshot(raw.sequence, tuple(chunk_objects(parts, chunk_bytes)))
+
+        query = q.snapshot_query(thread_id, turn_limit, before)
+        return await self._store.read(query, decode, q.snapshot_read_class(turn_limit, before))
 
     async def thread_snapshot_json(self, thread_id: str, turn_limit: int, before: int | None) -> orjson.Fragment | None:
         """The thread snapshot as one encoded JSON object (an RPC result)."""
-        return await self._store.read(q.snapshot_query(thread_id, turn_limit, before), _fragment(b.thread_parts))
+        query = q.snapshot_query(thread_id, turn_limit, before)
+        return await self._store.read(query, _fragment(b.thread_parts), q.snapshot_read_class(turn_limit, before))
 
     async def pending_requests_json(self, thread_id: str | None) -> orjson.Fragment:
         """Pending requests as an encoded JSON list, large fields summarized."""
@@ -83,10 +102,10 @@ class BaseReader:
         def decode(bodies: list[bytes]) -> orjson.Fragment:
             return orjson.Fragment(b"[" + b",".join(summarize_payload(body) for body in bodies) + b"]")
 
-        return await self._store.read(q.pending_requests_query(thread_id), decode)
+        return await self._store.read(q.pending_requests_query(thread_id), decode, ReadClass.SMALL)
 
     async def shell_pieces(self) -> list[bytes]:
-        pieces = await self._store.read(q.shell_query, _pieces(b.shell_parts))
+        pieces = await self._store.read(q.shell_query, _pieces(b.shell_parts), ReadClass.SMALL)
         assert pieces is not None
         return pieces
 
@@ -99,7 +118,7 @@ class BaseReader:
                 return None
             return orjson.Fragment(orjson.dumps(value_at(orjson.loads(body), path)))
 
-        return await self._store.read(q.body_query(table, entity_id), decode)
+        return await self._store.read(q.body_query(table, entity_id), decode, ReadClass.HISTORY)
 
 
 def _pieces(parts_of: Callable[[R], Parts | None]) -> Callable[[R], list[bytes] | None]:

@@ -39,6 +39,9 @@ class Child(Protocol):
     def stderr(self) -> trio.abc.ReceiveStream: ...
     @property
     def returncode(self) -> int | None: ...
+    @property
+    def scope(self) -> str | None:
+        """The systemd scope unit (without ``.scope``) the child runs in, if any."""
     async def wait(self) -> int: ...
     async def signal(self, sig: SignalName) -> None:
         """Signal the child's whole process group; a child already gone is fine."""
@@ -65,7 +68,12 @@ class SpawnerStatistics:
 
 
 class Spawner(Protocol):
-    async def spawn(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "") -> Child: ...
+    async def spawn(
+        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "", scope: str | None = None
+    ) -> Child:
+        """Start a long-lived child in its own process group; with ``scope``, also in that
+        transient systemd scope where systemd works (`Child.scope` says if it does)."""
+        ...
 
     async def run(
         self,

@@ -56,6 +56,7 @@ class SidecarChild:
         self.stdout = trio.lowlevel.FdStream(fds[1])
         self.stderr = trio.lowlevel.FdStream(fds[2])
         self._pidfd: int | None = fds[3]
+        self.scope: str | None = None
         self.returncode: int | None = None
         self._exited = trio.Event()
 
@@ -162,6 +163,8 @@ class SidecarConnection:
             if len(fds) != 4:
                 raise FrameError(f"a spawn reply came with {len(fds)} descriptors, not 4")
             child = SidecarChild(self, reply["child"], reply["pid"], fds)
+            scope = reply.get("scope")
+            child.scope = scope if isinstance(scope, str) else None
             self._children[child.child_id] = child
             self._nursery.start_soon(child.watch_pidfd)
             return child

@@ -26,6 +26,7 @@ class DirectChild:
         assert process.stdin and process.stdout and process.stderr
         self._process = process
         self.stdin, self.stdout, self.stderr = process.stdin, process.stdout, process.stderr
+        self.scope: str | None = None  # the daemon never creates scopes itself
 
     @property
     def pid(self) -> int:
@@ -66,7 +67,9 @@ class DirectSpawner:
         except OSError as exc:
             raise SpawnerError(f"could not start {argv[0]!r}: {exc.strerror or exc}") from exc
 
-    async def spawn(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "") -> DirectChild:
+    async def spawn(
+        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "", scope: str | None = None
+    ) -> DirectChild:
         return DirectChild(await self._open(argv, cwd, env, subprocess.PIPE))
 
     async def run(

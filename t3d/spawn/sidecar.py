@@ -180,9 +180,14 @@ class SidecarSpawner:
 
     # -- the Spawner interface ------------------------------------------------------------
 
-    async def spawn(self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "") -> SidecarChild:
+    async def spawn(
+        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "", scope: str | None = None
+    ) -> SidecarChild:
         conn = await self._connection()
-        return await conn.spawn({"argv": list(argv), "cwd": cwd, "env": dict(env), "tag": tag})
+        message: dict[str, Any] = {"argv": list(argv), "cwd": cwd, "env": dict(env), "tag": tag}
+        if scope is not None:
+            message["scope"] = scope
+        return await conn.spawn(message)
 
     async def run(
         self,

@@ -1,23 +1,26 @@
-"""One command, one transaction: receipt, events, projections, outbox.
+"""Commands into transactions: receipt, events, projections, outbox.
 
-Runs on the writer thread. `execute` opens ``BEGIN IMMEDIATE``, replays the
-receipt of a ``command_id`` seen before, otherwise decides the command
-against the projections (pure domain code), appends the events (which take
-their global sequence numbers), applies them to the projections, writes the
-outbox effects and the receipt, and commits. The caller publishes the
-returned `Committed` only after COMMIT.
+Runs on the writer thread. For each command, `execute_batch` replays the
+receipt of a ``command_id`` seen before, otherwise decides the command against
+the projections (pure domain code, seeing every earlier write of the same
+transaction), appends the events (which take their global sequence numbers),
+applies them to the projections, writes the outbox effects and the receipt.
+`execute` is a batch of one. The caller publishes a returned `Committed` only
+after COMMIT.
 
-A rejected command rolls back everything and records a rejected receipt, so
-a retry of the same ``command_id`` fails the same way.
+A rejected command rolls back its own writes and records a rejected receipt,
+so a retry of the same ``command_id`` fails the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import apsw
 import attrs
 import orjson
+import outcome
 
 from t3d.domain import commands as c
 from t3d.domain.codec import converter, to_json
@@ -57,33 +60,63 @@ class Committed:
     replayed: bool = False
 
 
+@attrs.frozen
+class Write:
+    """One command to commit: what `execute_batch` takes."""
+
+    command: c.Command
+    command_id: str | None
+    now: float
+
+
 def execute(conn: apsw.Connection, command: c.Command, command_id: str | None, now: float) -> Committed:
+    """Decide and commit one command in its own transaction; raises what the command raised."""
+    [result] = execute_batch(conn, (Write(command, command_id, now),))
+    return result.unwrap()
+
+
+def execute_batch(conn: apsw.Connection, writes: Sequence[Write]) -> list[outcome.Outcome[Committed]]:
+    """Commit several commands in ONE transaction, each inside its own SAVEPOINT.
+
+    A command that fails (a `DomainError`, or any other error of its own) rolls
+    back only its own writes, and its outcome carries that error unchanged; the
+    others commit. A failed COMMIT (or an error that ended the transaction)
+    raises, and then every command of the batch has failed.
+    """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        receipt = _receipt(conn, command_id) if command_id is not None else None
-        if receipt is not None:
-            conn.execute("ROLLBACK")
-            return _replayed(receipt)
-        decision = decide(SqlView(conn), command, now)
-        stored = tuple(_append(conn, event, now) for event in decision.events)
-        effects = tuple(_enqueue(conn, effect, now) for effect in decision.effects)
-        if command_id is not None:
-            _write_receipt(conn, command_id, ok=True, body=decision.result, now=now)
-        shell = _shell_rows(conn, stored)
+        results = [_apply(conn, write) for write in writes]
         conn.execute("COMMIT")
-    except DomainError as exc:
-        if conn.get_autocommit():  # a replayed rejection: nothing to undo or record
-            raise
-        conn.execute("ROLLBACK")
-        if command_id is not None:
-            with conn:
-                _write_receipt(conn, command_id, ok=False, body={"code": exc.code, "message": exc.message}, now=now)
-        raise
     except BaseException:
         if not conn.get_autocommit():
             conn.execute("ROLLBACK")
         raise
-    return Committed(decision.result, stored, shell, effects)
+    return results
+
+
+def _apply(conn: apsw.Connection, write: Write) -> outcome.Outcome[Committed]:
+    receipt = _receipt(conn, write.command_id) if write.command_id is not None else None
+    if receipt is not None:
+        return outcome.capture(_replayed, receipt)
+    conn.execute("SAVEPOINT command")
+    try:
+        decision = decide(SqlView(conn), write.command, write.now)
+        stored = tuple(_append(conn, event, write.now) for event in decision.events)
+        effects = tuple(_enqueue(conn, effect, write.now) for effect in decision.effects)
+        if write.command_id is not None:
+            _write_receipt(conn, write.command_id, ok=True, body=decision.result, now=write.now)
+        shell = _shell_rows(conn, stored)
+    except Exception as exc:
+        if conn.get_autocommit():  # SQLite ended the whole transaction: the batch fails
+            raise
+        conn.execute("ROLLBACK TO command")
+        conn.execute("RELEASE command")
+        if isinstance(exc, DomainError) and write.command_id is not None:
+            # A retry of the same command_id fails the same way.
+            _write_receipt(conn, write.command_id, ok=False, body={"code": exc.code, "message": exc.message}, now=write.now)
+        return outcome.Error(exc)
+    conn.execute("RELEASE command")
+    return outcome.Value(Committed(decision.result, stored, shell, effects))
 
 
 def mark_effects_done(conn: apsw.Connection, ids: list[int], now: float) -> None:

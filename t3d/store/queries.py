@@ -14,10 +14,19 @@ import attrs
 import orjson
 
 from t3d.store.commit import SHELL_SQL, shell_payload
+from t3d.store.read_classes import ReadClass
 from t3d.store.schema import TERMINAL
 
 DEFAULT_TURN_LIMIT = 10
 MAX_TURN_LIMIT = 1000
+
+
+def snapshot_read_class(turn_limit: int, before: int | None) -> ReadClass:
+    """A snapshot of the latest turns, no more than a client sees by default, is a page;
+    one that reaches further back (``before``, or a larger ``turn_limit``) is history."""
+    if before is None and turn_limit <= DEFAULT_TURN_LIMIT:
+        return ReadClass.PAGE
+    return ReadClass.HISTORY
 
 
 def current_sequence(conn: apsw.Connection) -> int:

@@ -1,13 +1,17 @@
-"""The reader pool: read-only connections used from worker threads.
+"""The reader pool: read-only connections used from worker threads, scheduled by class.
 
 Rules:
-- At most ``size`` reads run at once (a `trio.CapacityLimiter`); each takes a
-  free connection, runs its query in one read transaction on a worker thread,
-  ends the transaction, then decodes the rows on that thread. The loop only
-  ever sees decoded values.
-- Connections are opened lazily. One that fails to open fails only the read
-  that asked for it; the next read tries again (a reader never stays off).
+- At most ``size`` reads run at once. Which waiting read runs next is decided by
+  `ReadScheduler` (read_classes.py): by class (small, page, history) with aging, and
+  history reads never hold the last reader.
+- A running read takes a free connection, runs its query in one read transaction on a
+  worker thread, ends the transaction, then decodes the rows on that thread. The loop
+  only ever sees decoded values, and no transaction stays open while rows are decoded.
+- Connections are opened lazily. One that fails to open fails only the read that asked
+  for it; the next read tries again (a reader never stays off).
 - A connection whose query raised an SQLite error is closed, not reused.
+- A read cancelled while it waits leaves the queue; once its query runs it finishes
+  (the thread is not abandoned), so connections and threads stay within ``size``.
 """
 
 from __future__ import annotations
@@ -16,9 +20,11 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import apsw
+import attrs
 import trio
 
 from t3d.errors import StoreError
+from t3d.store.read_classes import ReadClass, ReadScheduler, Ticket
 from t3d.store.schema import READER_PRAGMAS
 
 Raw = TypeVar("Raw")
@@ -32,20 +38,68 @@ def open_reader_connection(path: str) -> apsw.Connection:
     return conn
 
 
+@attrs.frozen
+class ReaderStatistics:
+    size: int
+    busy: int
+    # Reads waiting for a reader, per class.
+    waiting_small: int
+    waiting_page: int
+    waiting_history: int
+
+
 class ReaderPool:
     def __init__(self, path: str, size: int) -> None:
         self._path = path
-        self._limiter = trio.CapacityLimiter(size)
+        self._scheduler = ReadScheduler(size)
+        self._wakeups: dict[Ticket, trio.Event] = {}
+        # Threads for running reads: the scheduler already bounds them at ``size``; an own
+        # limiter keeps other users of trio's default thread limiter from delaying reads.
+        self._threads = trio.CapacityLimiter(size)
         self._idle: list[apsw.Connection] = []
         self.size = size
 
     @property
     def busy(self) -> int:
-        return int(self._limiter.borrowed_tokens)
+        return self._scheduler.running()
 
-    async def read(self, query: Callable[[apsw.Connection], Raw], decode: Callable[[Raw], T]) -> T:
-        async with self._limiter:
-            return await trio.to_thread.run_sync(self._run, query, decode)
+    def statistics(self) -> ReaderStatistics:
+        waiting = self._scheduler.waiting
+        return ReaderStatistics(
+            size=self.size,
+            busy=self.busy,
+            waiting_small=waiting(ReadClass.SMALL),
+            waiting_page=waiting(ReadClass.PAGE),
+            waiting_history=waiting(ReadClass.HISTORY),
+        )
+
+    async def read(
+        self,
+        query: Callable[[apsw.Connection], Raw],
+        decode: Callable[[Raw], T],
+        read_class: ReadClass = ReadClass.PAGE,
+    ) -> T:
+        ticket = self._scheduler.arrive(read_class)
+        wakeup = self._wakeups[ticket] = trio.Event()
+        self._dispatch()
+        try:
+            await wakeup.wait()
+        except BaseException:
+            self._leave(ticket)
+            raise
+        try:
+            return await trio.to_thread.run_sync(self._run, query, decode, limiter=self._threads)
+        finally:
+            self._leave(ticket)
+
+    def _leave(self, ticket: Ticket) -> None:
+        del self._wakeups[ticket]
+        self._scheduler.leave(ticket)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while (ticket := self._scheduler.grant()) is not None:
+            self._wakeups[ticket].set()
 
     def _run(self, query: Callable[[apsw.Connection], Raw], decode: Callable[[Raw], T]) -> T:
         conn = self._idle.pop() if self._idle else self._open()

@@ -134,6 +134,22 @@ MIGRATIONS: tuple[str, ...] = (
         UPDATE turn_counts SET items = items - 1 WHERE turn_id = old.turn_id;
     END;
     """,
+    # checkpoints: one row per turn's checkpoint (t3d/git)
+    """
+    CREATE TABLE checkpoints (
+        id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        ordinal INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        body BLOB NOT NULL
+    );
+    CREATE INDEX checkpoints_by_thread ON checkpoints(thread_id, ordinal);
+    """,
+    # pending requests of every thread in order (requests.pending, an approval bot's
+    # poll) without a scan of every request ever made; holds only pending rows
+    """
+    CREATE INDEX requests_pending_in_order ON requests(status) WHERE status = 'pending';
+    """,
 )
 
 

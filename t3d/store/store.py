@@ -24,7 +24,8 @@ from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.domain.codec import converter
 from t3d.store import queries as q
-from t3d.store.commit import Committed, execute, mark_effects_done
+from t3d.store.commit import Committed, Write, execute, execute_batch, mark_effects_done
+from t3d.store.read_classes import ReadClass
 from t3d.store.readers import ReaderPool
 from t3d.store.schema import WRITER_PRAGMAS, migrate
 from t3d.store.writer import WriterThread
@@ -35,6 +36,9 @@ Raw = TypeVar("Raw")
 T = TypeVar("T")
 
 WRITER_QUEUE = 256
+# Bounds of one transaction of batched provider updates (seed 001).
+BATCH_JOBS = 64
+BATCH_BYTES = 1 << 20
 
 EFFECT_TYPES: dict[str, type] = {
     cls.__name__: cls
@@ -43,6 +47,7 @@ EFFECT_TYPES: dict[str, type] = {
         ev.InterruptProviderTurn,
         ev.AnswerProviderRequest,
         ev.StopProviderSession,
+        ev.CaptureCheckpoint,
     )
 }
 
@@ -52,8 +57,14 @@ class StoreStatistics:
     writer_queue: int
     writer_oldest_job_s: float
     writer_jobs_done: int
+    writer_batches_done: int
+    writer_largest_batch: int
     readers: int
     readers_busy: int
+    # Reads waiting for a reader, per class (read_classes.py).
+    reads_waiting_small: int
+    reads_waiting_page: int
+    reads_waiting_history: int
 
 
 def _connect_writer(path: str) -> apsw.Connection:
@@ -92,6 +103,15 @@ class Store:
         now = self._clock()
         return await self._writer.run(lambda conn: execute(conn, command, command_id, now), self._publish)
 
+    async def record(self, command: c.Command) -> Committed:
+        """Commit a provider session's update. Updates of all sessions already queued
+        together share one transaction (bounded; see `WriterThread.run_batched`); a
+        turn's end or an opened request commits alone, after every earlier update."""
+        if not isinstance(command, c.BATCHABLE):
+            return await self.execute(command)
+        write = Write(command, None, self._clock())
+        return await self._writer.run_batched(write, c.estimated_size(command), self._publish)
+
     async def mark_effects_done(self, ids: list[int]) -> None:
         now = self._clock()
         await self._writer.run(lambda conn: mark_effects_done(conn, ids, now))
@@ -103,39 +123,53 @@ class Store:
         def decode(rows: list[tuple[int, str, bytes]]) -> list[tuple[int, ev.Effect]]:
             return [(i, converter.structure(orjson.loads(p), EFFECT_TYPES[k])) for i, k, p in rows]
 
-        return await self._readers.read(query, decode)
+        return await self._readers.read(query, decode, ReadClass.SMALL)
 
-    async def read(self, query: Callable[[apsw.Connection], Raw], decode: Callable[[Raw], T]) -> T:
+    async def read(
+        self,
+        query: Callable[[apsw.Connection], Raw],
+        decode: Callable[[Raw], T],
+        read_class: ReadClass = ReadClass.PAGE,
+    ) -> T:
         """Run ``query`` in one read transaction on a reader thread, then ``decode`` its rows
-        there too (after the transaction ends); the loop gets only the decoded value."""
-        return await self._readers.read(query, decode)
+        there too (after the transaction ends); the loop gets only the decoded value.
+        ``read_class`` orders it among waiting reads (read_classes.py); the default, page,
+        neither jumps ahead of small reads nor counts against history's share."""
+        return await self._readers.read(query, decode, read_class)
 
     async def snapshot(self, thread_id: str, turn_limit: int = q.DEFAULT_TURN_LIMIT, before: int | None = None) -> dict[str, Any] | None:
-        return await self._readers.read(q.snapshot_query(thread_id, turn_limit, before), q.decode_snapshot)
+        read_class = q.snapshot_read_class(turn_limit, before)
+        return await self._readers.read(q.snapshot_query(thread_id, turn_limit, before), q.decode_snapshot, read_class)
 
     async def shell(self) -> dict[str, Any]:
-        return await self._readers.read(q.shell_query, q.decode_shell)
+        return await self._readers.read(q.shell_query, q.decode_shell, ReadClass.SMALL)
 
     async def pending_requests(self, thread_id: str | None = None) -> list[Any]:
-        return await self._readers.read(q.pending_requests_query(thread_id), q.decode_list)
+        return await self._readers.read(q.pending_requests_query(thread_id), q.decode_list, ReadClass.SMALL)
 
     async def projects(self) -> list[Any]:
-        return await self._readers.read(q.projects_query, q.decode_list)
+        return await self._readers.read(q.projects_query, q.decode_list, ReadClass.SMALL)
 
     async def thread(self, thread_id: str) -> dict[str, Any] | None:
-        rows = await self._readers.read(q.thread_query(thread_id), q.decode_list)
+        rows = await self._readers.read(q.thread_query(thread_id), q.decode_list, ReadClass.SMALL)
         return rows[0] if rows else None
 
     async def thread_context(self, thread_id: str) -> tuple[Any, Any, str | None] | None:
-        return await self._readers.read(q.thread_context_query(thread_id), q.decode_thread_context)
+        return await self._readers.read(q.thread_context_query(thread_id), q.decode_thread_context, ReadClass.SMALL)
 
     def statistics(self) -> StoreStatistics:
+        readers = self._readers.statistics()
         return StoreStatistics(
             writer_queue=self._writer.queued,
             writer_oldest_job_s=self._writer.oldest_job_age(),
             writer_jobs_done=self._writer.jobs_done,
+            writer_batches_done=self._writer.batches_done,
+            writer_largest_batch=self._writer.largest_batch,
             readers=self._readers.size,
             readers_busy=self._readers.busy,
+            reads_waiting_small=readers.waiting_small,
+            reads_waiting_page=readers.waiting_page,
+            reads_waiting_history=readers.waiting_history,
         )
 
 
@@ -144,12 +178,21 @@ async def open_store(
     path: Path,
     *,
     readers: int = 4,
+    batching: bool = True,
     on_writer_lost: Callable[[BaseException | None], None],
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Store]:
-    """Open (creating and migrating) the database, then run restart recovery."""
+    """Open (creating and migrating) the database, then run restart recovery.
+    ``batching=False`` commits each provider update in its own transaction."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    writer = WriterThread(lambda: _connect_writer(os.fspath(path)), capacity=WRITER_QUEUE, on_lost=on_writer_lost)
+    writer = WriterThread(
+        lambda: _connect_writer(os.fspath(path)),
+        capacity=WRITER_QUEUE,
+        on_lost=on_writer_lost,
+        execute_batch=execute_batch,
+        max_batch_jobs=BATCH_JOBS if batching else 1,
+        max_batch_bytes=BATCH_BYTES,
+    )
     await writer.start()
     pool = ReaderPool(os.fspath(path), readers)
     store = Store(path, writer, pool, clock)

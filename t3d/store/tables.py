@@ -16,6 +16,7 @@ import orjson
 from t3d.domain.codec import converter
 from t3d.domain.events import Event
 from t3d.domain.model import (
+    Checkpoint,
     Project,
     ProviderSession,
     RuntimeRequest,
@@ -41,6 +42,7 @@ decode_turn = _decode(Turn)
 decode_item = _decode(TurnItem)
 decode_request = _decode(RuntimeRequest)
 decode_session = _decode(ProviderSession)
+decode_checkpoint = _decode(Checkpoint)
 
 
 class SqlView:
@@ -113,6 +115,12 @@ class SqlView:
     def live_sessions(self) -> list[ProviderSession]:
         return self._all("SELECT body FROM sessions WHERE status != 'exited'", (), decode_session)
 
+    def thread_turns(self, thread_id: str) -> list[Turn]:
+        return self._all("SELECT body FROM turns WHERE thread_id = ? ORDER BY ordinal", (thread_id,), decode_turn)
+
+    def checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
+        return self._one("SELECT body FROM checkpoints WHERE id = ?", (checkpoint_id,), decode_checkpoint)
+
 
 # Entity type -> (table, indexed columns kept beside ``body``, columns an update may change).
 # Columns named here are read from the entity's attribute of the same name.
@@ -123,6 +131,7 @@ _TABLES: dict[type, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     TurnItem: ("items", ("thread_id", "turn_id", "ordinal"), ("ordinal",)),
     RuntimeRequest: ("requests", ("thread_id", "turn_id", "status"), ("status",)),
     ProviderSession: ("sessions", ("thread_id", "status"), ("status",)),
+    Checkpoint: ("checkpoints", ("thread_id", "ordinal", "status"), ("status",)),
 }
 
 
@@ -145,7 +154,7 @@ def _upsert(conn: apsw.Connection, entity: object, body: bytes) -> None:
 
 
 def delete_thread_rows(conn: apsw.Connection, thread_id: str) -> None:
-    for table in ("items", "requests", "sessions", "turns"):
+    for table in ("items", "requests", "sessions", "turns", "checkpoints"):
         conn.execute(f"DELETE FROM {table} WHERE thread_id = ?", (thread_id,))
     conn.execute("DELETE FROM thread_counts WHERE thread_id = ?", (thread_id,))
     conn.execute("DELETE FROM threads WHERE id = ?", (thread_id,))

@@ -13,6 +13,16 @@ Rules:
   with "database writer is closed".
 - If the thread dies outside a job (it should not), ``on_lost`` is called once
   on the loop; the daemon then exits with status 1 and systemd restarts it.
+- Batching (``run_batched``, for provider updates): when the thread takes a
+  batchable job it also takes the batchable jobs queued right behind it, only
+  what is already queued (no collection timer, so an isolated update commits
+  at once), at most ``max_batch_jobs`` jobs and ``max_batch_bytes`` of
+  estimated payload; a job over the byte bound runs alone. The batch runs as
+  one transaction (``execute_batch``); each job keeps its own outcome. Any
+  other job ends the batch and runs after it, so the order of submission is
+  the order of commit.
+- A job whose ``deliver`` raises fails only itself: its caller gets the error,
+  the loop and the other jobs go on.
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ import apsw
 import outcome
 import trio
 
-from t3d.errors import WriterClosedError
+from t3d.errors import StoreError, WriterClosedError
 
 log = logging.getLogger("t3d.store")
 
@@ -48,6 +58,24 @@ class _Job(Generic[T]):
         self.result: outcome.Outcome[T] | None = None
 
 
+class _BatchableJob(_Job[T]):
+    """A job that may share a transaction: ``item`` goes to ``execute_batch``."""
+
+    __slots__ = ("item", "size")
+
+    def __init__(self, item: object, size: int, deliver: Callable[[T], None] | None) -> None:
+        super().__init__(_unbatched, deliver)
+        self.item = item
+        self.size = size
+
+
+def _unbatched(conn: apsw.Connection) -> Any:
+    raise AssertionError("a batchable job runs through execute_batch")
+
+
+ExecuteBatch = Callable[[apsw.Connection, list[Any]], list[outcome.Outcome[Any]]]
+
+
 class WriterThread:
     def __init__(
         self,
@@ -55,8 +83,14 @@ class WriterThread:
         *,
         capacity: int,
         on_lost: Callable[[BaseException | None], None],
+        execute_batch: ExecuteBatch | None = None,
+        max_batch_jobs: int = 1,
+        max_batch_bytes: int = 0,
     ) -> None:
         self._connect = connect
+        self._execute_batch = execute_batch
+        self._max_batch_jobs = max_batch_jobs
+        self._max_batch_bytes = max_batch_bytes
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._capacity = capacity
         self._slots = trio.Semaphore(capacity)
@@ -67,6 +101,9 @@ class WriterThread:
         self._ready: outcome.Outcome[None] | None = None
         self._thread = threading.Thread(target=self._main, name="t3d-writer", daemon=True)
         self.jobs_done = 0
+        self.batches_done = 0  # transactions of batchable jobs (a batch of one counts)
+        self.largest_batch = 0
+        self._carried: Any = None  # taken off the queue while draining a batch; it runs next
         # When each job still in the thread's queue was sent (loop side; jobs finish in order).
         self._sent_at: deque[float] = deque()
 
@@ -96,13 +133,22 @@ class WriterThread:
         caller wakes, in commit order; use it to publish committed events.
         If the caller is cancelled, the job still runs to completion.
         """
+        return await self._submit(_Job(fn, deliver))
+
+    async def run_batched(self, item: object, size: int, deliver: Callable[[T], None] | None = None) -> T:
+        """Commit ``item`` through ``execute_batch``, sharing the transaction with the
+        batchable jobs queued around it; ``size`` is its estimated payload in bytes."""
+        assert self._execute_batch is not None, "this writer has no execute_batch"
+        job: _BatchableJob[T] = _BatchableJob(item, size, deliver)
+        return await self._submit(job)
+
+    async def _submit(self, job: _Job[T]) -> T:
         if self._closing:
             raise WriterClosedError("database writer is closed")
         await self._slots.acquire()
         if self._closing:
             self._slots.release()
             raise WriterClosedError("database writer is closed")
-        job: _Job[T] = _Job(fn, deliver)
         self._sent_at.append(trio.current_time())
         self._queue.put(job)
         await job.done.wait()
@@ -141,24 +187,65 @@ class WriterThread:
 
     def _serve(self, conn: apsw.Connection) -> None:
         while True:
-            job = self._queue.get()
+            job, self._carried = (self._carried if self._carried is not None else self._queue.get()), None
             if job is _CLOSE:
                 return
-            job.result = outcome.capture(job.fn, conn)
-            self.jobs_done += 1
-            self._token.run_sync_soon(self._complete, job)
+            batch: list[_Job[Any]]
+            if isinstance(job, _BatchableJob):
+                batchable, self._carried = self._drain_batch(job)
+                self._run_batch(conn, batchable)
+                batch = list(batchable)
+            else:
+                job.result = outcome.capture(job.fn, conn)
+                batch = [job]
+            self.jobs_done += len(batch)
+            self._token.run_sync_soon(self._complete, batch)
 
-    def _complete(self, job: _Job[Any]) -> None:
-        self._sent_at.popleft()
-        if job.deliver is not None and isinstance(job.result, outcome.Value):
-            job.deliver(job.result.value)
-        job.done.set()
-        self._slots.release()
+    def _drain_batch(self, first: _BatchableJob[Any]) -> tuple[list[_BatchableJob[Any]], Any]:
+        """``first`` and the batchable jobs already queued behind it, within the bounds;
+        also the job that ended the batch, if one was taken off the queue."""
+        batch, size = [first], first.size
+        while len(batch) < self._max_batch_jobs:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, None
+            if not isinstance(job, _BatchableJob) or size + job.size > self._max_batch_bytes:
+                return batch, job
+            batch.append(job)
+            size += job.size
+        return batch, None
+
+    def _run_batch(self, conn: apsw.Connection, batch: list[_BatchableJob[Any]]) -> None:
+        assert self._execute_batch is not None
+        try:
+            results = self._execute_batch(conn, [job.item for job in batch])
+        except Exception as exc:  # the transaction itself failed: so did every job in it
+            if len(batch) == 1:
+                results = [outcome.Error(exc)]
+            else:
+                results = [outcome.Error(_batch_failed(exc, len(batch))) for _ in batch]
+        for job, result in zip(batch, results, strict=True):
+            job.result = result
+        self.batches_done += 1
+        self.largest_batch = max(self.largest_batch, len(batch))
+
+    def _complete(self, jobs: list[_Job[Any]]) -> None:
+        for job in jobs:
+            self._sent_at.popleft()
+            if job.deliver is not None and isinstance(job.result, outcome.Value):
+                try:
+                    job.deliver(job.result.value)
+                except Exception as exc:  # fails this job only, never the loop
+                    log.error("a committed write could not be delivered", exc_info=exc)
+                    job.result = outcome.Error(StoreError(f"the write committed but could not be delivered: {exc!r}"))
+            job.done.set()
+            self._slots.release()
 
     def _fail_unserved(self) -> None:
         while True:
             try:
-                job = self._queue.get_nowait()
+                job, self._carried = (self._carried if self._carried is not None else self._queue.get_nowait()), None
             except queue.Empty:
                 return
             if job is not _CLOSE:
@@ -174,3 +261,9 @@ class WriterThread:
         self._stopped.set()
         if lost and self._ready is not None and isinstance(self._ready, outcome.Value):
             self._on_lost(error)
+
+
+def _batch_failed(exc: Exception, jobs: int) -> StoreError:
+    error = StoreError(f"database transaction of {jobs} batched writes failed, so this write did not commit: {exc}")
+    error.__cause__ = exc
+    return error

@@ -34,6 +34,8 @@ class ClaudeProcess:
         self.cost_so_far = 0.0
         # Stopped because it did not honour an interrupt in time.
         self.forced_stop = False
+        # Killed on the user's order (thread.force_stop): its turn ends cancelled.
+        self.force_stopped = False
         # Let go by the session on purpose (idle): its exit ends no turn.
         self.detached = False
         self._stderr_closed = trio.Event()

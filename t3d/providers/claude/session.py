@@ -25,7 +25,7 @@ import functools
 import logging
 import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -56,9 +56,11 @@ from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import parse_line
 from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineBuffer, LineTooLong
-from t3d.spawn.child import Spawner, stop_child
+from t3d.spawn.child import Child, Spawner, stop_child
 
 log = logging.getLogger("t3d.providers.claude")
+
+BeforeTurn = Callable[[str, int, str], Awaitable[None]]
 
 # A provider that takes no input for this long is treated as hung.
 SEND_TIMEOUT_S = 30.0
@@ -82,6 +84,10 @@ class SessionSpec:
     # Seconds a process may sit with no turn before it is stopped (0 = never); the next
     # turn starts a new one with --resume, so an idle thread costs no process.
     idle_timeout: float = 0.0
+    # Ask the spawner for a transient systemd scope per process (used where systemd works).
+    scopes: bool = False
+    # Awaited before each turn reaches the provider: (thread_id, turn ordinal, cwd).
+    before_turn: BeforeTurn | None = None
 
 
 class ClaudeSession:
@@ -140,6 +146,8 @@ class ClaudeSession:
                 self._turn.turn_id,
             )
         self._turn = TurnMapper(self.spec.thread_id, effect.turn_id, self._clock)
+        if self.spec.before_turn is not None:  # the checkpoint baseline: before any edit
+            await self.spec.before_turn(self.spec.thread_id, effect.ordinal, self.spec.cwd)
         try:
             if self._proc is None:
                 self._proc = await self._start_process(nursery)
@@ -190,6 +198,24 @@ class ClaudeSession:
         with contextlib.suppress(ProviderError):
             await self._send(line)
 
+    async def force_stop(self, grace: float) -> int | None:
+        """Kill the provider's process group (TERM, ``grace`` seconds, KILL) and wait until
+        its exit is recorded; the running turn ends ``cancelled`` (``force_stop``). Returns
+        the exit status, or None when no process runs. Bounded."""
+        proc = self._proc
+        if proc is None:
+            return None
+        proc.force_stopped = True
+        code = await stop_child(proc.process, grace=grace)
+        with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
+            await proc.exit_handled.wait()
+        return code
+
+    @property
+    def process(self) -> Child | None:
+        """The running provider process, if any."""
+        return None if self._proc is None else self._proc.process
+
     # --- the process -------------------------------------------------------------------
 
     def _argv(self) -> list[str]:
@@ -203,10 +229,16 @@ class ClaudeSession:
         return [argv[0], *prefix_args, *argv[1:]]
 
     async def _start_process(self, nursery: trio.Nursery) -> ClaudeProcess:
+        session_id = uuid.uuid4().hex
+        scope = _scope_unit(self.spec.thread_id, session_id) if self.spec.scopes else None
         process = await self._spawner.spawn(
-            self._argv(), cwd=self.spec.cwd, env=self.spec.env, tag=f"thread {self.spec.thread_id}"
+            self._argv(),
+            cwd=self.spec.cwd,
+            env=self.spec.env,
+            tag=f"thread {self.spec.thread_id}",
+            scope=scope,
         )
-        proc = ClaudeProcess(process, uuid.uuid4().hex, self._clock())
+        proc = ClaudeProcess(process, session_id, self._clock())
         await self._record_session(proc, status="running")
         nursery.start_soon(proc.read_stderr)
         nursery.start_soon(self._read_stdout, proc)
@@ -276,7 +308,15 @@ class ClaudeSession:
         self, proc: ClaudeProcess, code: int, stderr: str, turn: TurnMapper
     ) -> TurnEnded:
         """How the running turn ends when its process exits before the turn's `result`."""
-        if proc.forced_stop:
+        if proc.force_stopped:
+            ended = TurnEnded(
+                "cancelled",
+                f"force-stopped by the user: {self.spec.provider}'s process group was killed",
+                "force_stop",
+                None,
+                None,
+            )
+        elif proc.forced_stop:
             ended = TurnEnded(
                 "interrupted",
                 f"{self.spec.provider} did not stop within {self.spec.interrupt_timeout:g} s of the interrupt; its process was stopped",
@@ -429,6 +469,12 @@ class ClaudeSession:
             log.info(
                 "thread %s: %s not recorded: %s", self.spec.thread_id, type(command).__name__, exc
             )
+
+
+def _scope_unit(thread_id: str, session_id: str) -> str:
+    """A systemd unit name for one provider process: names its thread, unique per process."""
+    safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "_-") else "_" for ch in thread_id)
+    return f"t3d-agent-{safe[:64]}-{session_id[:8]}"
 
 
 async def run_claude_session(

@@ -1,0 +1,7 @@
+"""Git for threads (DESIGN.md §9): worktrees, per-turn checkpoints, diff and revert.
+
+repo.py reads ordinary repositories in-process; refs.py runs git through the spawner
+(and reads unusual repositories through it); checkpoints.py plans the commands (pure);
+service.py drives captures, baselines, diffs and reverts; worktrees.py makes and removes
+threads' worktrees; api.py is the JSON-RPC side.
+"""
