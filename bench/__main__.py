@@ -273,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     writes_cmd = sub.add_parser("writes", help="provider write batching on vs off, on the real store (bench/writes.py)")
     writes_cmd.add_argument("--reps", type=int, default=5, help="repetitions per configuration (default 5)")
+    writes_cmd.add_argument("--synchronous", choices=("full", "normal"), default="full", help="SQLite synchronous level (default full)")
     merge = sub.add_parser("report", help="one report over earlier runs' summary.json files")
     merge.add_argument("dirs", nargs="+")
     merge.add_argument("--out", required=True)
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "writes":
         from bench import writes
 
-        return writes.main(["--reps", str(args.reps)])
+        return writes.main(["--reps", str(args.reps), "--synchronous", args.synchronous])
     return command_report(args)
 
 

@@ -59,14 +59,18 @@ class Settings:
     # Provider updates of all sessions share transactions when already queued together;
     # false commits each update alone (only to measure against).
     provider_commit_batching: bool = True
+    # full: every commit survives a power loss (an fsync per transaction, on the writer
+    # thread); normal: the last commits before a power loss may be lost (README "Durability").
+    sqlite_synchronous: str = "full"
     # Root under which proc/pressure/memory and the agents' cgroup files are read
     # (tests and demos point it at fixture files).
     psi_root: Path = Path("/")
     # Seconds between memory-pressure readings, while someone wants them.
     pressure_interval: float = 5.0
     # Hold new turn starts as queued (memory_pressure) while the memory pressure is severe.
-    # On, the level is also sampled while turns run, not only while a client listens.
-    pressure_admission: str = "off"
+    # On, each turn start takes a reading when nobody listens, and turns held for memory
+    # keep the sampler running until they start.
+    pressure_admission: str = "on"
     # Run providers in their own systemd scope under t3d-agents.slice when systemd
     # works (auto), or never (off).
     agent_scopes: str = "auto"
@@ -199,6 +203,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "checkpoints": ("T3D_CHECKPOINTS", _choice("on", "off")),
     "live_encode_once": ("T3D_LIVE_ENCODE_ONCE", _true_false),
     "provider_commit_batching": ("T3D_PROVIDER_COMMIT_BATCHING", _true_false),
+    "sqlite_synchronous": ("T3D_SQLITE_SYNCHRONOUS", _choice("full", "normal")),
     "psi_root": ("T3D_PSI_ROOT", _abs_path),
     "pressure_interval": ("T3D_PRESSURE_INTERVAL", _float_in(0.05, 60.0)),
     "pressure_admission": ("T3D_PRESSURE_ADMISSION", _choice("on", "off")),

@@ -62,6 +62,7 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
             settings.db_path,
             readers=settings.sqlite_reader_pool,
             batching=settings.provider_commit_batching,
+            synchronous=settings.sqlite_synchronous,
             on_writer_lost=on_writer_lost,
         ) as store:
             hub = Hub(encode_once=settings.live_encode_once)

@@ -160,9 +160,9 @@ async def test_the_heaviest_agents_name_real_replay_threads(
 async def test_sampling_runs_only_while_someone_listens(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """No listener: no readings, also while a turn runs (the default settings). A
-    listener starts them; when the last one unsubscribes (or its connection closes) they
-    stop."""
+    """No listener: no readings; a turn start takes exactly one (memory admission, the
+    default), and none follow while it runs. A listener starts them; when the last one
+    unsubscribes (or its connection closes) they stop."""
     root = tmp_path / "psi"
     use_psi(root, "calm.txt")
 
@@ -179,7 +179,8 @@ async def test_sampling_runs_only_while_someone_listens(
             thread_id = await new_thread(client, tmp_path)
             await client.call("subscribe.thread", thread_id=thread_id)
             assert (await run_turn(client, thread_id, READ)).turn["status"] == "completed"
-        assert (await memory())["samples"] == 0
+            await trio.sleep(5 * INTERVAL)
+        assert (await memory())["samples"] == 1
         async with open_client(daemon) as first, open_client(daemon) as second:
             sub = (await first.call("subscribe.server", memory_pressure=True))["sub"]
             await second.call("subscribe.server", memory_pressure=True)
@@ -209,7 +210,7 @@ def _not_sampling(daemon: Any) -> Any:
 async def test_while_severe_new_turns_wait_queued_and_start_one_at_a_time_once_it_clears(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """T3D_PRESSURE_ADMISSION=on: under severe pressure two new turns are
+    """T3D_PRESSURE_ADMISSION=on (the default): under severe pressure two new turns are
     held as queued (memory_pressure) with no listener at all; once the fixture clears they
     are admitted, one per reading, in order, and both complete."""
     root = tmp_path / "psi"

@@ -7,23 +7,34 @@ when it is released, what was queued commits in shared transactions.
 from __future__ import annotations
 
 import gc
+import itertools
+import tempfile
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import apsw
+import orjson
+import outcome
 import pytest
 import trio
 import trio.testing
 from harness import start_daemon
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from test_domain_model import COMMANDS, PROJECTION_TABLES, SETUP
 
 from t3d.cli import _exit_status, _leaf
 from t3d.domain import commands as c
+from t3d.domain.codec import event_from, to_json
 from t3d.domain.model import TurnItem
+from t3d.domain.state import State, fold
 from t3d.errors import DomainError, StoreError, WriterLostError
-from t3d.store.commit import Committed
+from t3d.store.commit import Committed, Write, execute, execute_batch
+from t3d.store.schema import WRITER_PRAGMAS, migrate
 from t3d.store.store import BATCH_JOBS, Store, open_store
 from t3d.store.writer import WriterThread
 
@@ -279,3 +290,99 @@ async def test_the_write_benchmark_stores_every_update_in_both_configurations() 
     for result in (on, off):
         assert result["stored"] == result["updates"] == 40
     assert off["transactions"] >= 40 and off["largest_batch"] == 1
+
+
+class BatchMachine(RuleBasedStateMachine):
+    """Random commands go to two real SQLite files: one by one through `execute` on one,
+    in random batches through `execute_batch` on the other, sometimes with a COMMIT that
+    fails. Invariants: both hold the same event log and projections (a batch commits what
+    the same commands commit alone, and a failed batch commits nothing), each command's
+    outcome is the same either way, and the batched file's projections equal the fold of
+    its event log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.TemporaryDirectory()
+        self.single = self._connect("single")
+        self.batched = self._connect("batched")
+        # A deferred constraint that only COMMIT checks: armed, it fails the batch's COMMIT.
+        self.batched.execute(
+            "CREATE TABLE parent(id TEXT PRIMARY KEY);"
+            "CREATE TABLE guard(p TEXT REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);"
+        )
+        self.clock = itertools.count(1)
+
+    def _connect(self, name: str) -> apsw.Connection:
+        conn = apsw.Connection(str(Path(self.dir.name) / f"{name}.sqlite"))
+        for pragma in WRITER_PRAGMAS:
+            conn.execute(pragma)
+        migrate(conn)
+        return conn
+
+    def teardown(self) -> None:
+        self.single.close()
+        self.batched.close()
+        self.dir.cleanup()
+
+    @initialize()
+    def a_project_and_two_threads(self) -> None:
+        self.run_batch(lambda _state: list(SETUP), fail_commit=False)  # type: ignore[arg-type]
+
+    @rule(
+        makes=st.lists(COMMANDS, min_size=1, max_size=6),
+        fail_commit=st.booleans(),
+    )
+    def a_batch(self, makes: list[Callable[[State], c.Command]], fail_commit: bool) -> None:
+        self.run_batch(lambda state: [make(state) for make in makes], fail_commit)
+
+    def run_batch(self, make: Callable[[State], list[c.Command]], fail_commit: bool) -> None:
+        writes = [Write(command, None, float(next(self.clock))) for command in make(self._fold(self.batched))]
+        if fail_commit:
+            self.batched.execute(
+                "CREATE TEMP TRIGGER poison AFTER INSERT ON events BEGIN INSERT INTO guard VALUES ('none'); END"
+            )
+            before = self._log(self.batched)
+            try:
+                execute_batch(self.batched, writes)
+            except apsw.ConstraintError:
+                pass  # something was written, so COMMIT failed: nothing may remain
+            finally:
+                self.batched.execute("DROP TRIGGER poison")
+            assert self._log(self.batched) == before, "a failed COMMIT commits nothing"
+            return
+        batched = execute_batch(self.batched, writes)
+        for write, result in zip(writes, batched, strict=True):
+            alone = outcome.capture(execute, self.single, write.command, None, write.now)
+            assert _shape(result) == _shape(alone), f"{write.command!r}: batched {result!r}, alone {alone!r}"
+
+    @staticmethod
+    def _log(conn: apsw.Connection) -> list[tuple[str, bytes]]:
+        return list(conn.execute("SELECT kind, payload FROM events ORDER BY sequence"))
+
+    @staticmethod
+    def _fold(conn: apsw.Connection) -> State:
+        return fold(event_from(k, p) for k, p in conn.execute("SELECT kind, payload FROM events ORDER BY sequence"))
+
+    @invariant()
+    def both_files_hold_the_same_log_and_projections(self) -> None:
+        assert self._log(self.batched) == self._log(self.single)
+        for table in PROJECTION_TABLES:
+            query = f"SELECT body FROM {table} ORDER BY id"
+            assert list(self.batched.execute(query)) == list(self.single.execute(query)), table
+        expected = self._fold(self.batched)
+        for table in PROJECTION_TABLES:
+            rows = {orjson.loads(b)["id"]: orjson.loads(b) for (b,) in self.batched.execute(f"SELECT body FROM {table}")}
+            assert rows == {e.id: to_json(e) for e in getattr(expected, table).values()}, table
+
+
+def _shape(result: outcome.Outcome[Committed]) -> Any:
+    """What a caller sees: the result and events, or the error's type and message."""
+    if isinstance(result, outcome.Value):
+        return result.value.result, [(e.kind, e.payload) for e in result.value.events]
+    return type(result.error).__name__, str(result.error)
+
+
+TestBatchMachine = BatchMachine.TestCase
+TestBatchMachine.settings = settings(
+    max_examples=25, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

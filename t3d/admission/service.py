@@ -54,8 +54,9 @@ class Admission:
         monitor.on_sample(self.on_lag_sample)
         if pressure is not None:  # T3D_PRESSURE_ADMISSION=on
             pressure.on_sample(self.on_pressure_sample)
-            # Keep reading while turns are in flight or held, listeners or not.
-            pressure.add_demand(lambda: bool(self.queue.active or self.queue.held))
+            # Keep reading while turns wait for memory; otherwise one reading per turn start
+            # (`dispatch`) when nobody listens, so the sampler sleeps between them.
+            pressure.add_demand(lambda: "memory_pressure" in self.queue.held.values())
 
     @property
     def enabled(self) -> bool:

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import apsw
 
-# Each setting with its reason (apsw's bestpractice, DESIGN.md §4).
+# Each setting with its reason (apsw's bestpractice, DESIGN.md §4; README "Durability").
 WRITER_PRAGMAS = (
     "PRAGMA journal_mode=WAL",  # readers never block the writer, nor it them
-    "PRAGMA synchronous=NORMAL",  # WAL + NORMAL: durable at checkpoints, never corrupt
     "PRAGMA foreign_keys=ON",
     "PRAGMA busy_timeout=5000",  # another process (ctl, a second daemon) may hold a lock briefly
+    # SQLite's default, said out loud: after a commit leaves over 1,000 pages (~4 MiB) in
+    # the WAL, that commit copies them into the database (PASSIVE: never waits on readers).
+    "PRAGMA wal_autocheckpoint=1000",
     "PRAGMA journal_size_limit=67108864",  # cap the WAL file left after checkpoints at 64 MiB
 )
+
+# `T3D_SQLITE_SYNCHRONOUS`, applied by the store. full (the default): each COMMIT syncs the WAL, so a commit
+# that returned survives a power loss; it costs one fsync per transaction, on the writer
+# thread (never the loop), shared by every update of a batch. normal: the WAL is synced
+# only at checkpoints; a power loss (not a crash of t3d: the OS still has the writes) can
+# lose the last commits since the last checkpoint, never corrupt the file.
+SYNCHRONOUS = ("full", "normal")
 READER_PRAGMAS = (
     "PRAGMA busy_timeout=5000",
     "PRAGMA query_only=ON",  # a reader can never write, even by mistake

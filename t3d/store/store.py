@@ -27,7 +27,7 @@ from t3d.store import queries as q
 from t3d.store.commit import Committed, Write, execute, execute_batch, mark_effects_done
 from t3d.store.read_classes import ReadClass
 from t3d.store.readers import ReaderPool
-from t3d.store.schema import WRITER_PRAGMAS, migrate
+from t3d.store.schema import SYNCHRONOUS, WRITER_PRAGMAS, migrate
 from t3d.store.writer import WriterThread
 
 log = logging.getLogger("t3d.store")
@@ -67,10 +67,13 @@ class StoreStatistics:
     reads_waiting_history: int
 
 
-def _connect_writer(path: str) -> apsw.Connection:
+def _connect_writer(path: str, synchronous: str) -> apsw.Connection:
     conn = apsw.Connection(path)
     for pragma in WRITER_PRAGMAS:
         conn.execute(pragma)
+    if synchronous not in SYNCHRONOUS:
+        raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     migrate(conn)
     return conn
 
@@ -179,14 +182,16 @@ async def open_store(
     *,
     readers: int = 4,
     batching: bool = True,
+    synchronous: str = "full",
     on_writer_lost: Callable[[BaseException | None], None],
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Store]:
     """Open (creating and migrating) the database, then run restart recovery.
-    ``batching=False`` commits each provider update in its own transaction."""
+    ``batching=False`` commits each provider update in its own transaction;
+    ``synchronous`` is ``full`` or ``normal`` (schema.SYNCHRONOUS says what each costs)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     writer = WriterThread(
-        lambda: _connect_writer(os.fspath(path)),
+        lambda: _connect_writer(os.fspath(path), synchronous),
         capacity=WRITER_QUEUE,
         on_lost=on_writer_lost,
         execute_batch=execute_batch,
