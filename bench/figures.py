@@ -35,7 +35,7 @@ STEADY_FIGURES = (
 )  # fmt: skip
 STEADY_EXTRAS = (
     "turns_failed", "turns_in_flight", "health_failures", "providers_peak",
-    "subscriber_events", "subscriber_resyncs", "session_resyncs", "subscribe_p50_ms",
+    "subscriber_events", "subscriber_resyncs", "session_resyncs", "subscribe_p50_ms", "subscribe_p95_ms",
     "approvals", "polls", "pending_p50_ms", "shell_p50_ms", "snapshot_polls", "snapshot_p50_ms",
     "driver_lag_p99_ms", "driver_lag_max_ms", "errors",
     "daemon_rss_first_third_mib", "daemon_rss_last_third_mib",
@@ -200,6 +200,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     fig["subscriber_events"], fig["subscriber_resyncs"] = subs["events"], subs["resyncs"]
     fig["session_resyncs"] = i.load["session_resyncs"]
     fig["subscribe_p50_ms"] = percentile(subs["subscribe_ms"], 50)
+    fig["subscribe_p95_ms"] = percentile(subs["subscribe_ms"], 95)
     fig["approvals"], fig["polls"] = polls["approvals"], polls["polls"]
     fig["pending_p50_ms"], fig["shell_p50_ms"] = (
         percentile(polls["pending_ms"], 50),

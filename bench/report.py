@@ -51,6 +51,8 @@ LABELS = {
     "daemon_rss_first_third_mib": "daemon RSS, median of the window's first third (MiB)",
     "daemon_rss_last_third_mib": "daemon RSS, median of the window's last third (MiB)",
     "turns_done_s": "every turn done (s)",
+    "subscribe_p50_ms": "subscribe.thread reply p50 (ms)",
+    "subscribe_p95_ms": "subscribe.thread reply p95 (ms)",
     "first_chunk_p50_ms": "subscribe to first snapshot chunk p50 (ms)",
     "first_chunk_p95_ms": "subscribe to first snapshot chunk p95 (ms)",
     "first_chunk_samples": "first-chunk samples (thread switches in the window)",

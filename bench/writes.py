@@ -1,9 +1,9 @@
 """``python -m bench writes``: provider write batching on vs off, on the real store.
 
 A persistence benchmark in the shape of seed 001's: independent producers
-("streams", one per provider session) record item updates through
-`Store.record` on a fresh SQLite file, each waiting for its previous update
-as a session does. Producers send on absolute schedules (phase offsets and a
+("streams", one per provider session) write item updates on a fresh SQLite
+file through a `WritePipeline`, as a session does (at most 16 in flight; a
+turn's end waits for the updates before it). Producers send on absolute schedules (phase offsets and a
 little jitter), so slower processing never lowers the offered rate. Setup is
 outside the timing. Configurations A (batching on) and B (off) alternate,
 A B A B, each repetition on a new database.
@@ -30,6 +30,8 @@ import trio
 
 from t3d.domain import commands as c
 from t3d.domain.model import TurnItem
+from t3d.providers.pipeline import WritePipeline
+from t3d.store.commit import Committed
 from t3d.store.store import Store, open_store
 
 
@@ -66,7 +68,9 @@ async def _prepare(store: Store, streams: int) -> None:
         await store.execute(c.MarkTurnRunning(f"t{n}-u0"))
 
 
-async def _produce(store: Store, w: Workload, n: int, t0: float, latencies: list[float], rng: random.Random) -> None:
+async def _produce(store: Store, w: Workload, n: int, t0: float, sent: dict[tuple[str, int], float], rng: random.Random) -> None:
+    """One session's writes, through a `WritePipeline` as a session makes them."""
+    pipeline = WritePipeline(store.send, store.record, _rejected)
     turn, text = f"t{n}-u0", ""
     offset = w.interval_s * n / max(1, w.streams)
     for k in range(w.updates):
@@ -74,14 +78,18 @@ async def _produce(store: Store, w: Workload, n: int, t0: float, latencies: list
         await trio.sleep_until(due)
         text += "lorem ipsum dolor sit amet " * 4
         item = TurnItem(f"{turn}-i", f"t{n}", turn, 0, "assistant_message", "streaming", None, text, None, 0.0)
-        sent = trio.current_time()
-        await store.record(c.RecordItems(turn, (item,)))
-        latencies.append(trio.current_time() - sent)
+        sent[(item.id, len(text))] = trio.current_time()
+        await pipeline.write(c.RecordItems(turn, (item,)))
         if w.controls_every and (k + 1) % w.controls_every == 0:
-            await store.record(c.FinishTurn(turn, "completed"))
+            await pipeline.write(c.FinishTurn(turn, "completed"))
             turn, text = f"t{n}-u{k + 1}", ""
             await store.execute(c.StartTurn(f"t{n}", turn, "go"))
-            await store.record(c.MarkTurnRunning(turn))
+            await pipeline.write(c.MarkTurnRunning(turn))
+    await pipeline.drain()
+
+
+def _rejected(command: c.Command, error: Exception) -> None:
+    raise SystemExit(f"the store rejected {type(command).__name__}: {error}")
 
 
 async def run_one(w: Workload, *, batching: bool, seed: int, synchronous: str = "full") -> dict[str, Any]:
@@ -89,13 +97,24 @@ async def run_one(w: Workload, *, batching: bool, seed: int, synchronous: str = 
         db = Path(tmp) / "db"
         async with open_store(db, batching=batching, synchronous=synchronous, on_writer_lost=_lost) as store:
             await _prepare(store, w.streams)
+            sent: dict[tuple[str, int], float] = {}
             latencies: list[float] = []
+
+            def published(done: Committed) -> None:
+                now = trio.current_time()
+                for event in done.events:
+                    text = getattr(event.entity, "text", None)
+                    at = sent.pop((event.entity.id, len(text)), None) if text is not None else None
+                    if at is not None:
+                        latencies.append(now - at)
+
+            store.on_commit(published)
             rng = random.Random(seed)
             batches0 = store.statistics().writer_batches_done
             cpu0, t0 = time.process_time(), trio.current_time()
             async with trio.open_nursery() as nursery:
                 for n in range(w.streams):
-                    nursery.start_soon(_produce, store, w, n, t0, latencies, rng)
+                    nursery.start_soon(_produce, store, w, n, t0, sent, rng)
             elapsed, cpu = trio.current_time() - t0, time.process_time() - cpu0
             stats = store.statistics()
             stored = await store.read(_count_updates, lambda n: n)
@@ -107,7 +126,8 @@ async def run_one(w: Workload, *, batching: bool, seed: int, synchronous: str = 
         "publication_p95_ms": latencies[int(len(latencies) * 0.95)] * 1000,
         "transactions": stats.writer_batches_done - batches0,
         "largest_batch": stats.writer_largest_batch,
-        "updates": len(latencies),
+        "updates": w.streams * w.updates,
+        "published": len(latencies),
         "stored": stored,
     }
 
@@ -126,8 +146,8 @@ async def run_all(workloads: tuple[Workload, ...], reps: int, synchronous: str) 
         for rep in range(reps):
             for batching in (True, False):  # A B A B
                 result = await run_one(w, batching=batching, seed=rep, synchronous=synchronous)
-                if result["stored"] < result["updates"]:
-                    raise SystemExit(f"{w.name}: {result['stored']} of {result['updates']} updates stored")
+                if not result["stored"] == result["published"] == result["updates"]:
+                    raise SystemExit(f"{w.name}: {result['stored']} stored, {result['published']} published of {result['updates']} updates")
                 runs[batching].append(result)
         row: dict[str, Any] = {"workload": w.name}
         for figure in FIGURES:

@@ -57,16 +57,7 @@ def _try_scope() -> bool:
         return False
     try:
         trial = subprocess.run(
-            [
-                runner,
-                "--user",
-                "--scope",
-                "--quiet",
-                "--collect",
-                f"--slice={AGENTS_SLICE}",
-                "--",
-                "true",
-            ],
+            _in_scope(runner, ["true"], unit=None),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -80,15 +71,9 @@ def _try_scope() -> bool:
 
 def scoped_argv(argv: list[str], unit: str) -> list[str]:
     """``argv`` wrapped to run in the transient scope ``unit`` (without ``.scope``)."""
-    runner = _which("systemd-run") or "systemd-run"
-    return [
-        runner,
-        "--user",
-        "--scope",
-        "--quiet",
-        "--collect",
-        f"--slice={AGENTS_SLICE}",
-        f"--unit={unit}",
-        "--",
-        *argv,
-    ]
+    return _in_scope(_which("systemd-run") or "systemd-run", argv, unit=unit)
+
+
+def _in_scope(runner: str, argv: list[str], *, unit: str | None) -> list[str]:
+    named = [f"--unit={unit}"] if unit is not None else []
+    return [runner, "--user", "--scope", "--quiet", "--collect", f"--slice={AGENTS_SLICE}", *named, "--", *argv]

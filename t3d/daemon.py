@@ -91,6 +91,8 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                     if isinstance(effect, CaptureCheckpoint):
                         if settings.checkpoints == "on":
                             await checkpoints.dispatch(effect)
+                        else:
+                            await store.finish_effect(effect)
                     else:
                         await sessions.dispatch(effect)
 

@@ -1,7 +1,9 @@
 """`run_effects`: the outbox worker.
 
 Effects are committed with the events that call for them; this worker runs
-them after COMMIT, in commit order, and marks them done. The in-memory queue
+them after COMMIT, in commit order, and marks them done once handed over
+(a checkpoint capture is marked done by its handler once it is taken:
+`DONE_WHEN_FINISHED`). The in-memory queue
 is bounded (`QUEUE_SIZE`): if a burst fills it, the worker drops the queue
 and re-reads the undone effects from the outbox table, so no effect is lost
 and memory stays bounded. At start-up it runs what the outbox still holds
@@ -15,7 +17,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from t3d.domain.events import Effect
+from t3d.domain.events import DONE_WHEN_FINISHED, Effect
 from t3d.store.commit import Committed
 from t3d.store.store import Store
 
@@ -74,7 +76,8 @@ async def run_effects(
                 continue
             seen = effect_id
             await dispatch(effect)
-            done.append(effect_id)
+            if not isinstance(effect, DONE_WHEN_FINISHED):
+                done.append(effect_id)
         backlog = []
         if done:
             await store.mark_effects_done(done)

@@ -12,6 +12,7 @@ one broken agent never takes the daemon down.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -30,6 +31,7 @@ from t3d.domain import events as ev
 from t3d.errors import DomainError
 from t3d.pressure.readers import AgentProcess
 from t3d.providers.claude.session import BeforeTurn, ClaudeSession, SessionSpec
+from t3d.providers.pipeline import WritePipeline
 from t3d.spawn.child import Spawner
 from t3d.store.store import Store
 
@@ -155,8 +157,10 @@ class Sessions:
         self, spec: SessionSpec, inbox: trio.MemoryReceiveChannel[ev.Effect], live: _Live
     ) -> None:
         try:
-            live.session = ClaudeSession(spec, self._store.record, self._spawner, self._clock)
+            pipeline = WritePipeline(self._store.send, self._store.record, functools.partial(_not_recorded, spec.thread_id))
+            live.session = ClaudeSession(spec, pipeline.write, self._spawner, self._clock)
             await live.session.run(inbox)
+            await pipeline.drain()
         except Exception as exc:  # the supervision boundary of one session
             log.error("thread %s: provider session failed", spec.thread_id, exc_info=exc)
             if live.turn_id is not None:
@@ -201,8 +205,7 @@ class Sessions:
             await self._store.execute(c.FinishTurn(turn_id, status, error, reason))
 
     async def _fail_turn(self, turn_id: str, error: str, reason: str) -> None:
-        with contextlib.suppress(DomainError):  # the turn ended or went away meanwhile
-            await self._store.execute(c.FinishTurn(turn_id, "failed", error, reason))
+        await self._finish_turn(turn_id, "failed", error, reason)
 
     async def stop_all(self) -> None:
         """Ask every session to stop, all at once (a session ending meanwhile is fine);
@@ -212,6 +215,11 @@ class Sessions:
             with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
                 live.inbox.send_nowait(ev.StopProviderSession(thread_id))
             await live.inbox.aclose()
+
+
+def _not_recorded(thread_id: str, command: c.Command, error: DomainError) -> None:
+    """A provider write the domain rejected (e.g. the thread was deleted meanwhile): logged, not fatal."""
+    log.info("thread %s: %s not recorded: %s", thread_id, type(command).__name__, error)
 
 
 @asynccontextmanager

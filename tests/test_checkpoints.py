@@ -6,9 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import apsw
+import orjson
 import trio
+import trio.testing
 from git_support import exists, git, make_repo, real, repo_state
 from harness import RpcFailed, new_thread, open_client, run_turn, start_daemon
+
+from t3d.domain.codec import converter
+from t3d.domain.events import CaptureCheckpoint
 
 
 async def call_error(client: Any, method: str, **params: Any) -> dict[str, Any]:
@@ -220,3 +226,56 @@ async def test_a_failing_capture_leaves_the_turn_completed_with_the_reason(tmp_p
             snapshot = await client.call("thread.snapshot", thread_id=thread_id)
             assert snapshot["turns"][-1]["status"] == "completed"
         daemon.stop()
+
+
+async def test_a_capture_cut_short_by_a_stop_runs_at_the_next_start(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A capture's outbox row stays open until the checkpoint is taken: one left open by a
+    daemon that stopped mid-capture (written here as that daemon would have left it) is
+    taken at the next start, and its row is then closed; other effects left open are not
+    run again (recovery decides afresh)."""
+    project = make_repo(tmp_path / "repo")
+    state = tmp_path / "state"
+    with trio.fail_after(60):
+        daemon = await start_daemon(nursery, state, checkpoints="off")
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project)
+            await run_turn(client, thread_id, "Please READ notes.txt")
+            turn = (await run_turn(client, thread_id, "Now EDIT notes.txt")).turn
+        daemon.stop()
+    await trio.testing.wait_all_tasks_blocked()
+    capture = CaptureCheckpoint(thread_id, turn["id"], turn["ordinal"], real(project))
+
+    def leave_open_effects() -> int:
+        db = apsw.Connection(str(state / "t3d.sqlite"))
+        with db:
+            already_open = int(db.execute("SELECT count(*) FROM outbox WHERE done_at IS NULL").get)
+            db.execute(
+                "INSERT INTO outbox(thread_id, kind, payload, created_at) VALUES (?,?,?,0), (?,?,?,0)",
+                (
+                    thread_id, "CaptureCheckpoint", orjson.dumps(converter.unstructure(capture)),
+                    thread_id, "StopProviderSession", orjson.dumps({"thread_id": thread_id}),
+                ),
+            )  # fmt: skip
+        db.close()
+        return already_open
+
+    assert await trio.to_thread.run_sync(leave_open_effects) == 0, "checkpoints off: captures closed at once"
+    with trio.fail_after(60):
+        daemon = await start_daemon(nursery, state)
+        async with open_client(daemon) as client:
+            await client.call("subscribe.thread", thread_id=thread_id)
+            checkpoint = await _checkpoint(client, turn["id"])
+            assert checkpoint["data"]["status"] == "ok", checkpoint["data"]
+            # No baseline (checkpoints were off before): the files are not counted, but the
+            # checkpoint holds the turn's edit.
+            assert git(project, "show", f"{checkpoint['data']['ref']}:notes.txt") == "hello, world"
+        daemon.stop()
+
+    def open_effects() -> int:
+        db = apsw.Connection(str(state / "t3d.sqlite"))
+        try:
+            return int(db.execute("SELECT count(*) FROM outbox WHERE done_at IS NULL").get)
+        finally:
+            db.close()
+
+    assert await trio.to_thread.run_sync(open_effects) == 0

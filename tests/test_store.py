@@ -145,3 +145,34 @@ async def test_restart_recovery_closes_running_turns_and_expires_requests(tmp_pa
         assert await store.pending_requests() == []
         # The interrupted turn's checkpoint is captured before the queued turn starts.
         assert [type(e).__name__ for _, e in await store.pending_effects()] == ["CaptureCheckpoint", "StartProviderTurn"]
+
+
+async def test_a_huge_thread_is_paged_by_bytes_and_every_turn_comes_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot stops taking older finished turns past SNAPSHOT_BYTES (here 64 KiB) and
+    says has_more with its `before` cursor; paging with `before` then yields every turn
+    exactly once, newest page first, so a huge thread is never held whole in memory."""
+    from t3d.domain.model import TurnItem
+    from t3d.store import queries
+
+    monkeypatch.setattr(queries, "SNAPSHOT_BYTES", 64 * 1024)
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        await store.execute(c.CreateProject("p", "/p"))
+        await store.execute(c.CreateThread("t", "p", "replay"))
+        for n in range(1, 21):
+            await store.execute(c.StartTurn("t", f"u{n}", "go"))
+            await store.execute(c.MarkTurnRunning(f"u{n}"))
+            big = TurnItem(f"u{n}-out", "t", f"u{n}", 0, "command", "completed", "make", "x" * 10_000, None, 0.0)
+            await store.execute(c.RecordItems(f"u{n}", (big,)))
+            await store.execute(c.FinishTurn(f"u{n}", "completed"))
+        seen: list[int] = []
+        before = None
+        while True:
+            page = await store.snapshot("t", turn_limit=1000, before=before)
+            ordinals = [t["ordinal"] for t in page["turns"]]
+            assert 1 <= len(ordinals) <= 8, ordinals  # ~11 KB a turn: at most 64 KiB + one turn
+            seen = ordinals + seen
+            if not page["has_more"]:
+                break
+            before = page["before"]
+            assert before == ordinals[0]
+        assert seen == list(range(1, 21))

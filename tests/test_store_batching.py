@@ -33,6 +33,7 @@ from t3d.domain.codec import event_from, to_json
 from t3d.domain.model import TurnItem
 from t3d.domain.state import State, fold
 from t3d.errors import DomainError, StoreError, WriterLostError
+from t3d.providers.pipeline import WritePipeline
 from t3d.store.commit import Committed, Write, execute, execute_batch
 from t3d.store.schema import WRITER_PRAGMAS, migrate
 from t3d.store.store import BATCH_JOBS, Store, open_store
@@ -288,7 +289,7 @@ async def test_the_write_benchmark_stores_every_update_in_both_configurations() 
     on = await run_one(workload, batching=True, seed=1)
     off = await run_one(workload, batching=False, seed=1)
     for result in (on, off):
-        assert result["stored"] == result["updates"] == 40
+        assert result["stored"] == result["published"] == result["updates"] == 40
     assert off["transactions"] >= 40 and off["largest_batch"] == 1
 
 
@@ -386,3 +387,31 @@ TestBatchMachine = BatchMachine.TestCase
 TestBatchMachine.settings = settings(
     max_examples=25, stateful_step_count=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+async def test_one_sessions_burst_shares_transactions_through_its_pipeline(tmp_path: Path) -> None:
+    """A session writing through its WritePipeline: a burst of 40 updates of one stream
+    commits in far fewer than 40 transactions, all in order; a rejected update is reported
+    and the stream goes on; a turn's end waits for every update before it."""
+    async with _running_turns(tmp_path) as store:
+        rejected: list[str] = []
+        pipeline = WritePipeline(store.send, store.record, lambda command, error: rejected.append(str(error)), depth=16)
+        sequences: list[tuple[str, int]] = []
+        store.on_commit(lambda done: sequences.extend((e.entity.id, e.sequence) for e in done.events))
+        before, _ = _batches(store)
+        for k in range(40):
+            if k == 20:
+                await pipeline.write(c.RecordItems("no-such-turn", (_item("no-such-turn", "x"),)))
+            await pipeline.write(c.RecordItems("u0", (_item("u0", f"k{k:02d}"),)))
+        await pipeline.write(c.FinishTurn("u0", "completed"))
+        batches = _batches(store)[0] - before
+        assert batches < 20, f"{batches} transactions for a 41-update burst"
+        assert rejected and "no-such-turn" in rejected[0]
+        ids = [i for i, _ in sequences if i.startswith("u0-k")]
+        assert ids == [f"u0-k{k:02d}" for k in range(40)], "the store saw the stream in order"
+        last_item = max(n for n, (i, _) in enumerate(sequences) if i.startswith("u0-k"))
+        turn_end = max(n for n, (i, _) in enumerate(sequences) if i == "u0")
+        assert turn_end > last_item, "the turn's end came after every update"
+        snapshot = await store.snapshot("t-u0")
+        assert snapshot["turns"][-1]["status"] == "completed"
+        assert len([i for i in snapshot["items"] if i["kind"] == "assistant_message"]) == 40

@@ -112,3 +112,8 @@ class CaptureCheckpoint:
 
 
 Effect = StartProviderTurn | InterruptProviderTurn | AnswerProviderRequest | StopProviderSession | CaptureCheckpoint
+
+# Effects whose outbox row stays open until their work is finished, not just handed over
+# (the handler marks it done), so work cut short by a stop or crash runs again at start-up.
+# Their work must be idempotent: a capture keeps a checkpoint ref that already exists.
+DONE_WHEN_FINISHED = (CaptureCheckpoint,)

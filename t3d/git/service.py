@@ -175,6 +175,7 @@ class Checkpoints:
         """Start the capture in a task of its own (never blocks the effect worker)."""
         if self.pending >= MAX_PENDING:
             await self._record(self._failed(effect, f"{MAX_PENDING} checkpoints were already waiting; this one was skipped"))
+            await self._store.finish_effect(effect)
             return
         self.pending += 1
         self._nursery.start_soon(self._run_capture, effect)
@@ -186,6 +187,7 @@ class Checkpoints:
                 checkpoint = await self.capture(effect)
             if checkpoint.status != "unavailable":  # a plain directory: said at thread.create, not per turn
                 await self._record(checkpoint)
+            await self._store.finish_effect(effect)  # not when cut short: it runs again at start-up
         finally:
             self.pending -= 1
 

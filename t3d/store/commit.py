@@ -124,6 +124,12 @@ def mark_effects_done(conn: apsw.Connection, ids: list[int], now: float) -> None
         conn.executemany("UPDATE outbox SET done_at = ? WHERE id = ?", [(now, i) for i in ids])
 
 
+def finish_effect(conn: apsw.Connection, kind: str, payload: bytes, now: float) -> None:
+    """Mark done the open outbox rows of this very effect (the same kind and payload)."""
+    with conn:
+        conn.execute("UPDATE outbox SET done_at = ? WHERE done_at IS NULL AND kind = ? AND payload = ?", (now, kind, payload))
+
+
 def _receipt(conn: apsw.Connection, command_id: str) -> tuple[bool, JsonDict] | None:
     for ok, body in conn.execute("SELECT ok, result FROM receipts WHERE command_id = ?", (command_id,)):
         return bool(ok), orjson.loads(body)

@@ -19,6 +19,10 @@ from t3d.store.schema import TERMINAL
 
 DEFAULT_TURN_LIMIT = 10
 MAX_TURN_LIMIT = 1000
+# A snapshot stops taking older finished turns once their stored bytes pass this (at
+# least one turn is always taken, and every open turn): a huge thread is paged with
+# ``before`` instead of being held whole in memory (`has_more` says there is more).
+SNAPSHOT_BYTES = 16 * 1024 * 1024
 
 
 def snapshot_read_class(turn_limit: int, before: int | None) -> ReadClass:
@@ -61,7 +65,8 @@ class SnapshotRaw:
 
 def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type: ignore[no-untyped-def]
     """The last ``turn_limit`` turns and every open turn; with ``before``, the ``turn_limit``
-    turns before that ordinal only (a page of history)."""
+    turns before that ordinal only (a page of history). Older finished turns past
+    `SNAPSHOT_BYTES` are left to the next page."""
 
     def query(conn: apsw.Connection) -> SnapshotRaw:
         sequence = current_sequence(conn)
@@ -77,19 +82,29 @@ def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type
             )
         )
         chosen = {turn_id: (ordinal, body) for turn_id, ordinal, body in recent}
+        open_turns: set[str] = set()
         if before is None:
             for turn_id, ordinal, body in conn.execute(
                 f"SELECT id, ordinal, body FROM turns WHERE thread_id = ? AND status NOT IN {TERMINAL}",
                 (thread_id,),
             ):
                 chosen[turn_id] = (ordinal, body)
-        ordered = sorted(chosen.items(), key=lambda kv: kv[1][0])
-        items: list[bytes] = []
-        counts: list[int] = []
-        for turn_id, _ in ordered:
+                open_turns.add(turn_id)
+        # Newest first, so the byte bound cuts the oldest finished turns (open turns are the
+        # newest anyway).
+        newest_first = sorted(chosen.items(), key=lambda kv: kv[1][0], reverse=True)
+        taken: list[tuple[str, tuple[int, bytes], list[bytes]]] = []
+        size = 0
+        for turn_id, (ordinal, body) in newest_first:
+            if taken and size > SNAPSHOT_BYTES and turn_id not in open_turns:
+                break
             of_turn = _bodies(conn, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,))
-            items += of_turn
-            counts.append(len(of_turn))
+            size += len(body) + sum(len(item) for item in of_turn)
+            taken.append((turn_id, (ordinal, body), of_turn))
+        taken.reverse()
+        ordered = [(turn_id, turn) for turn_id, turn, _ in taken]
+        items = [item for _, _, of_turn in taken for item in of_turn]
+        counts = [len(of_turn) for _, _, of_turn in taken]
         requests = _bodies(
             conn, "SELECT body FROM requests WHERE thread_id = ? AND status = 'pending'", (thread_id,)
         )

@@ -24,11 +24,18 @@ from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.domain.codec import converter
 from t3d.store import queries as q
-from t3d.store.commit import Committed, Write, execute, execute_batch, mark_effects_done
+from t3d.store.commit import (
+    Committed,
+    Write,
+    execute,
+    execute_batch,
+    finish_effect,
+    mark_effects_done,
+)
 from t3d.store.read_classes import ReadClass
 from t3d.store.readers import ReaderPool
 from t3d.store.schema import SYNCHRONOUS, WRITER_PRAGMAS, migrate
-from t3d.store.writer import WriterThread
+from t3d.store.writer import Pending, WriterThread
 
 log = logging.getLogger("t3d.store")
 
@@ -79,9 +86,14 @@ def _connect_writer(path: str, synchronous: str) -> apsw.Connection:
 
 
 def _supersede_outbox(conn: apsw.Connection, now: float) -> None:
-    """Effects left from the last run are superseded by recovery's own decisions."""
+    """Effects left from the last run are superseded by recovery's own decisions, except
+    the ones that stay open until finished (checkpoint captures): they run again."""
+    kinds = tuple(cls.__name__ for cls in ev.DONE_WHEN_FINISHED)
     with conn:
-        conn.execute("UPDATE outbox SET done_at = ? WHERE done_at IS NULL", (now,))
+        conn.execute(
+            f"UPDATE outbox SET done_at = ? WHERE done_at IS NULL AND kind NOT IN ({','.join('?' * len(kinds))})",
+            (now, *kinds),
+        )
 
 
 class Store:
@@ -115,9 +127,23 @@ class Store:
         write = Write(command, None, self._clock())
         return await self._writer.run_batched(write, c.estimated_size(command), self._publish)
 
+    async def send(self, command: c.Command) -> Pending[Committed]:
+        """Hand a provider update to the writer and return at once, its place in the commit
+        order fixed (`WriterThread.send_batched`); for a session's stream of updates that
+        should share transactions with each other, not only with other sessions'."""
+        if not isinstance(command, c.BATCHABLE):
+            raise ValueError(f"{type(command).__name__} is a barrier, not a batchable update: use record")
+        write = Write(command, None, self._clock())
+        return await self._writer.send_batched(write, c.estimated_size(command), self._publish)
+
     async def mark_effects_done(self, ids: list[int]) -> None:
         now = self._clock()
         await self._writer.run(lambda conn: mark_effects_done(conn, ids, now))
+
+    async def finish_effect(self, effect: ev.Effect) -> None:
+        """Mark an effect of `DONE_WHEN_FINISHED` done: its work is finished."""
+        now, kind, payload = self._clock(), type(effect).__name__, orjson.dumps(converter.unstructure(effect))
+        await self._writer.run(lambda conn: finish_effect(conn, kind, payload, now))
 
     async def pending_effects(self) -> list[tuple[int, ev.Effect]]:
         def query(conn: apsw.Connection) -> list[tuple[int, str, bytes]]:

@@ -73,6 +73,22 @@ def _unbatched(conn: apsw.Connection) -> Any:
     raise AssertionError("a batchable job runs through execute_batch")
 
 
+class Pending(Generic[T]):
+    """A job handed to the writer whose outcome is awaited later."""
+
+    __slots__ = ("_job",)
+
+    def __init__(self, job: _Job[T]) -> None:
+        self._job = job
+
+    async def outcome(self) -> T:
+        """The job's result once it committed, or its error (a cancelled wait leaves the
+        job running: it still commits)."""
+        await self._job.done.wait()
+        assert self._job.result is not None
+        return self._job.result.unwrap()
+
+
 ExecuteBatch = Callable[[apsw.Connection, list[Any]], list[outcome.Outcome[Any]]]
 
 
@@ -138,11 +154,22 @@ class WriterThread:
     async def run_batched(self, item: object, size: int, deliver: Callable[[T], None] | None = None) -> T:
         """Commit ``item`` through ``execute_batch``, sharing the transaction with the
         batchable jobs queued around it; ``size`` is its estimated payload in bytes."""
+        return await (await self.send_batched(item, size, deliver)).outcome()
+
+    async def send_batched(self, item: object, size: int, deliver: Callable[[T], None] | None = None) -> Pending[T]:
+        """Queue ``item`` like `run_batched` and return at once: its place in the commit
+        order is fixed now, its outcome is awaited later (`Pending.outcome`). Waits only
+        for a free place in the bounded queue."""
         assert self._execute_batch is not None, "this writer has no execute_batch"
         job: _BatchableJob[T] = _BatchableJob(item, size, deliver)
-        return await self._submit(job)
+        await self._send(job)
+        return Pending(job)
 
     async def _submit(self, job: _Job[T]) -> T:
+        await self._send(job)
+        return await Pending(job).outcome()
+
+    async def _send(self, job: _Job[Any]) -> None:
         if self._closing:
             raise WriterClosedError("database writer is closed")
         await self._slots.acquire()
@@ -151,9 +178,6 @@ class WriterThread:
             raise WriterClosedError("database writer is closed")
         self._sent_at.append(trio.current_time())
         self._queue.put(job)
-        await job.done.wait()
-        assert job.result is not None
-        return job.result.unwrap()
 
     async def close(self) -> None:
         """Let every job already sent finish and commit, then stop the thread."""

@@ -1,13 +1,14 @@
 """The Claude session driver: one long-lived CLI process per thread, on Trio.
 
-Theory of operation: `run_claude_session` consumes the thread's inbox of
+Theory of operation: `ClaudeSession.run` consumes the thread's inbox of
 domain effects (start a turn, interrupt it, answer a prompt, stop). The
 process is started on the first turn (with ``--resume`` when the thread has a
 resumable native session) and kept for later turns. One reader task per
 process cuts stdout into lines, parses them (sans-IO core), maps them onto
-domain changes (`TurnMapper`) and commits them through the store, one at a
-time: while the writer is behind, the reader stops reading and the CLI
-blocks on its pipe (backpressure, no unbounded buffer).
+domain changes (`TurnMapper`) and writes them through the session's
+`WritePipeline`, in order, a bounded number in flight: while the writer is
+behind, the reader stops reading and the CLI blocks on its pipe
+(backpressure, no unbounded buffer).
 
 Rules:
 - Streaming text is coalesced (`ItemCoalescer`): at most one `item.updated`
@@ -34,7 +35,7 @@ import trio
 from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.domain.model import ProviderSession, TurnItem
-from t3d.errors import DomainError, ProtocolError, ProviderError, SpawnerError
+from t3d.errors import ProtocolError, ProviderError, SpawnerError
 from t3d.providers.claude import events as ce
 from t3d.providers.claude.adapter import (
     Change,
@@ -94,12 +95,14 @@ class ClaudeSession:
     def __init__(
         self,
         spec: SessionSpec,
-        execute: Callable[[c.Command], Any],
+        write: Callable[[c.Command], Awaitable[None]],
         spawner: Spawner,
         clock: Callable[[], float],
     ) -> None:
         self.spec = spec
-        self._execute = execute
+        # Every write of this session, in order (a `WritePipeline`: updates are not waited
+        # for one by one; a turn's end or a request waits for the updates before it).
+        self._write = write
         self._spawner = spawner
         self._clock = clock
         self._proc: ClaudeProcess | None = None
@@ -455,33 +458,14 @@ class ClaudeSession:
     # --- commits ---------------------------------------------------------------------------
 
     async def _commit(self, command: c.Command) -> None:
-        """Commit after every pending streaming update (`ItemCoalescer.commit`)."""
-        await self._items.commit(functools.partial(self._execute_quietly, command))
+        """Write after every pending streaming update (`ItemCoalescer.commit`)."""
+        await self._items.commit(functools.partial(self._write, command))
 
     async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
-        await self._execute_quietly(c.RecordItems(turn_id, items))
-
-    async def _execute_quietly(self, command: c.Command) -> None:
-        """Commit; a domain rejection (e.g. the thread was deleted meanwhile) is logged, not fatal."""
-        try:
-            await self._execute(command)
-        except DomainError as exc:
-            log.info(
-                "thread %s: %s not recorded: %s", self.spec.thread_id, type(command).__name__, exc
-            )
+        await self._write(c.RecordItems(turn_id, items))
 
 
 def _scope_unit(thread_id: str, session_id: str) -> str:
     """A systemd unit name for one provider process: names its thread, unique per process."""
     safe = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "_-") else "_" for ch in thread_id)
     return f"t3d-agent-{safe[:64]}-{session_id[:8]}"
-
-
-async def run_claude_session(
-    spec: SessionSpec,
-    inbox: trio.MemoryReceiveChannel[ev.Effect],
-    execute: Callable[[c.Command], Any],
-    spawner: Spawner,
-    clock: Callable[[], float],
-) -> None:
-    await ClaudeSession(spec, execute, spawner, clock).run(inbox)

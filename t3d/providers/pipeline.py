@@ -1,0 +1,81 @@
+"""`WritePipeline`: one provider session's writes, in order, without a round trip each.
+
+Theory of operation. A session used to wait for each update's commit before
+reading on, so its own updates never shared a transaction, and a burst cost
+one round trip to the writer thread per update. Through the pipeline an
+update (an item's new state, the turn going running, the session record) is
+handed to the writer's queue at once, its place in the commit order fixed
+then, and the session reads on; the writer batches what is queued.
+
+Rules:
+- Order: every write enters the one writer queue in the order the session
+  made it, so the store sees the session's updates in order.
+- Bound: at most ``depth`` updates in flight; the next waits for the oldest
+  to commit (with the writer's own bounded queue, this is the backpressure
+  that stops the session reading provider output when the disk falls behind).
+- Barriers: any other command (a turn's end, a request opened) first waits
+  for every update before it, then commits and is awaited, so what a client
+  learns from it (a turn is done, a prompt is open) follows the updates.
+- Errors: an update the domain rejects (its thread was deleted meanwhile) is
+  reported to ``on_rejected``, as the session did before; any other error is
+  raised from the next `write` or `drain`, so it reaches the session's
+  supervisor.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from t3d.domain import commands as c
+from t3d.errors import DomainError
+
+DEPTH = 16
+
+
+class Outcome(Protocol):
+    async def outcome(self) -> Any: ...
+
+
+class WritePipeline:
+    def __init__(
+        self,
+        send: Callable[[c.Command], Awaitable[Outcome]],
+        record: Callable[[c.Command], Awaitable[Any]],
+        on_rejected: Callable[[c.Command, DomainError], None],
+        depth: int = DEPTH,
+    ) -> None:
+        self._send = send
+        self._record = record
+        self._on_rejected = on_rejected
+        self._depth = depth
+        self._in_flight: deque[tuple[c.Command, Outcome]] = deque()
+
+    async def write(self, command: c.Command) -> None:
+        """Write ``command`` after every earlier one: an update is handed over and not
+        waited for; a barrier waits for the updates before it, then for itself."""
+        if isinstance(command, c.BATCHABLE):
+            while len(self._in_flight) >= self._depth:
+                await self._collect_oldest()
+            self._in_flight.append((command, await self._send(command)))
+            return
+        await self.drain()
+        try:
+            await self._record(command)
+        except DomainError as exc:
+            self._on_rejected(command, exc)
+
+    async def drain(self) -> None:
+        """Wait until every update handed over has committed."""
+        while self._in_flight:
+            await self._collect_oldest()
+
+    async def _collect_oldest(self) -> None:
+        command, pending = self._in_flight[0]
+        try:
+            await pending.outcome()
+        except DomainError as exc:
+            self._on_rejected(command, exc)
+        finally:
+            self._in_flight.popleft()
