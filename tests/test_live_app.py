@@ -399,3 +399,28 @@ async def test_clients_that_leave_mid_response_leave_nothing_behind(tmp_path: Pa
             print(f"{DISCONNECTS} disconnects; heap growth over the last {DISCONNECTS // 2}: {growth} bytes; top: {top}")
             assert growth < 64 * 1024, top
             assert served.hub.statistics().buffered_bytes == 0
+
+
+async def test_concurrent_shell_polls_share_reads_and_each_sees_what_came_before_it(tmp_path: Path) -> None:
+    """Thirty GET /api/shell at once: one shell read runs at a time and the polls that arrive
+    meanwhile share the next, so there are far fewer reads than polls; every reply holds the
+    rename committed before the polls began, and the counts are spliced in right."""
+    with trio.fail_after(60):
+        async with serve_app(tmp_path / "state") as served:
+            await seed_thread(served.store, tmp_path, "t", turns=2, items=3, output_bytes=0)
+            await served.store.execute(c.RenameThread("t", "renamed before the polls"))
+            replies: list[Any] = []
+
+            async def poll() -> None:
+                replies.append(await http(served, "GET", "/api/shell"))
+
+            async with trio.open_nursery() as nursery:
+                for _ in range(30):
+                    nursery.start_soon(poll)
+            reads = served.app.bases._shell_reads.statistics().reads  # type: ignore[attr-defined]
+            assert len(replies) == 30 and reads < 30, reads
+            for status, body in replies:
+                assert status == 200
+                [thread] = body["threads"]
+                assert thread["title"] == "renamed before the polls"
+                assert (thread["turn_count"], thread["item_count"]) == (2, 2 * (3 + 1))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import orjson
+import trio
 
 from t3d.live import base as b
 from t3d.live.chunks import Parts, chunk_objects, object_bytes, object_pieces
@@ -44,7 +45,14 @@ SnapshotKey = tuple[str | None, int]
 class BaseReader:
     def __init__(self, store: Store, *, share: bool = True) -> None:
         self._store = store
+        self._share = share
         self._snapshots: SharedReads[SnapshotKey, b.Snapshot | None] = SharedReads(self._read_snapshot, share=share)
+        # Polls of the shell (GET /api/shell): one read at a time; the polls that arrive
+        # while it runs gather in the next wave and share its read, so many pollers of a
+        # large shell cost at most one read in flight (each still gets a read that began
+        # after it asked).
+        self._shell_reads: SharedReads[None, list[bytes] | None] = SharedReads(self._read_shell_pieces, share=share)
+        self._one_shell_read = trio.Lock()
 
     def join_snapshot(self, key: SnapshotKey) -> Wave[SnapshotKey, b.Snapshot | None]:
         """Join the current wave of fresh snapshots of ``key``; await its result later.
@@ -105,9 +113,18 @@ class BaseReader:
         return await self._store.read(q.pending_requests_query(thread_id), decode, ReadClass.SMALL)
 
     async def shell_pieces(self) -> list[bytes]:
-        pieces = await self._store.read(q.shell_query, _pieces(b.shell_parts), ReadClass.SMALL)
+        """The shell as one JSON object in pieces of at most 256 KiB (HTTP)."""
+        wave = self._shell_reads.join(None)
+        if not self._share:
+            pieces = await wave.result()
+        else:
+            async with self._one_shell_read:
+                pieces = await wave.result()
         assert pieces is not None
         return pieces
+
+    async def _read_shell_pieces(self, _key: None) -> list[bytes] | None:
+        return await self._store.read(q.shell_query, _pieces(b.shell_parts), ReadClass.SMALL)
 
     async def detail(self, table: str, entity_id: str, path: Path) -> orjson.Fragment | None:
         """The full value at ``path`` in a stored item or request (``table``: items, requests),

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from t3d.domain import commands as c
 from t3d.errors import DomainError
 
-DEPTH = 16
+DEPTH = 64
 
 
 class Outcome(Protocol):

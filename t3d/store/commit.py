@@ -177,10 +177,10 @@ SHELL_SQL = (
 
 
 def shell_payload(body: bytes, turns: int, items: int) -> bytes:
-    thread = orjson.loads(body)
-    thread["turn_count"] = turns
-    thread["item_count"] = items
-    return orjson.dumps(thread)
+    """The thread's stored JSON object with its maintained counts added, spliced in as bytes:
+    a shell of thousands of threads decodes none of them."""
+    counts = b'"turn_count":%d,"item_count":%d}' % (turns, items)
+    return body[:-1] + (b"," if body != b"{}" else b"") + counts
 
 
 # Item updates alone do not move a shell (counts catch up with the turn's next
