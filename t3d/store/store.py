@@ -97,8 +97,11 @@ def _supersede_outbox(conn: apsw.Connection, now: float) -> None:
 
 
 class Store:
-    def __init__(self, path: Path, writer: WriterThread, readers: ReaderPool, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, path: Path, writer: WriterThread, readers: ReaderPool, clock: Callable[[], float], *, batching: bool = True
+    ) -> None:
         self.path = path
+        self._batching = batching
         self._writer = writer
         self._readers = readers
         self._clock = clock
@@ -130,11 +133,15 @@ class Store:
     async def send(self, command: c.Command) -> Pending[Committed]:
         """Hand a provider update to the writer and return at once, its place in the commit
         order fixed (`WriterThread.send_batched`); for a session's stream of updates that
-        should share transactions with each other, not only with other sessions'."""
+        should share transactions with each other, not only with other sessions'. With
+        batching off it returns only once the update is done, as before batching."""
         if not isinstance(command, c.BATCHABLE):
             raise ValueError(f"{type(command).__name__} is a barrier, not a batchable update: use record")
         write = Write(command, None, self._clock())
-        return await self._writer.send_batched(write, c.estimated_size(command), self._publish)
+        pending = await self._writer.send_batched(write, c.estimated_size(command), self._publish)
+        if not self._batching:
+            await pending.settled()
+        return pending
 
     async def mark_effects_done(self, ids: list[int]) -> None:
         now = self._clock()
@@ -226,7 +233,7 @@ async def open_store(
     )
     await writer.start()
     pool = ReaderPool(os.fspath(path), readers)
-    store = Store(path, writer, pool, clock)
+    store = Store(path, writer, pool, clock, batching=batching)
     try:
         now = clock()
         await writer.run(lambda conn: _supersede_outbox(conn, now))

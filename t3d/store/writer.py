@@ -81,6 +81,10 @@ class Pending(Generic[T]):
     def __init__(self, job: _Job[T]) -> None:
         self._job = job
 
+    async def settled(self) -> None:
+        """Wait until the job is done, leaving its outcome to `outcome`."""
+        await self._job.done.wait()
+
     async def outcome(self) -> T:
         """The job's result once it committed, or its error (a cancelled wait leaves the
         job running: it still commits)."""
