@@ -2,7 +2,7 @@
 
 `GitMethods` checks the git-specific params, does the git work through `Checkpoints`
 and the worktree helpers, and commits the domain command. `Methods` (t3d/api/methods.py)
-calls `prepare_workspace` and `before_delete` from ``thread.create`` and
+calls `prepare_workspace` and `delete_thread` from ``thread.create`` and
 ``thread.delete``, and serves `table`. Git failures become ``invalid`` errors carrying
 git's reason and what to do.
 """
@@ -104,14 +104,13 @@ class GitMethods:
             with contextlib.suppress(GitError):  # left for the user; the error they get is the thread's
                 await remove_worktree(self._checkpoints.git, self._state_dir, workspace.worktree_path, force=True)
 
-    async def before_delete(self, p: Params, thread_id: str) -> dict[str, Any]:
+    async def _remove_worktree(self, p: Params, thread: dict[str, Any] | None) -> dict[str, Any]:
         """Remove the thread's worktree (``remove_worktree``, default true) if it is clean or
         ``force`` is given; a dirty one refuses the delete."""
         remove = p.raw("remove_worktree")
         force = _bool(p, "force")
         if remove is not None and not isinstance(remove, bool):
             raise RpcError(INVALID_PARAMS, "remove_worktree must be true or false")
-        thread = await self._store.thread(thread_id)
         if thread is None or not thread.get("worktree_path") or remove is False:
             return {}
         try:
@@ -120,11 +119,11 @@ class GitMethods:
             raise RpcError(DOMAIN_CODES["conflict"], str(exc)) from None
 
     async def delete_thread(self, p: Params, thread_id: str, commit: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
-        """``thread.delete`` with its git side: the worktree first (`before_delete`), then the
+        """``thread.delete`` with its git side: the worktree first (`_remove_worktree`), then the
         delete, then the thread's checkpoint refs, so deleted threads leave no hidden refs
         (and no unreachable history) behind in the repository."""
         context = await self._store.thread_context(thread_id)
-        removed = await self.before_delete(p, thread_id)
+        removed = await self._remove_worktree(p, None if context is None else context[0])
         result = {**await commit(), **removed}
         if context is not None:
             try:

@@ -123,12 +123,11 @@ class Store:
 
     async def record(self, command: c.Command) -> Committed:
         """Commit a provider session's update. Updates of all sessions already queued
-        together share one transaction (bounded; see `WriterThread.run_batched`); a
+        together share one transaction (bounded; see `WriterThread.send_batched`); a
         turn's end or an opened request commits alone, after every earlier update."""
         if not isinstance(command, c.BATCHABLE):
             return await self.execute(command)
-        write = Write(command, None, self._clock())
-        return await self._writer.run_batched(write, c.estimated_size(command), self._publish)
+        return await (await self.send(command)).outcome()
 
     async def send(self, command: c.Command) -> Pending[Committed]:
         """Hand a provider update to the writer and return at once, its place in the commit

@@ -13,7 +13,7 @@ Rules:
   with "database writer is closed".
 - If the thread dies outside a job (it should not), ``on_lost`` is called once
   on the loop; the daemon then exits with status 1 and systemd restarts it.
-- Batching (``run_batched``, for provider updates): when the thread takes a
+- Batching (``send_batched``, for provider updates): when the thread takes a
   batchable job it also takes the batchable jobs queued right behind it, only
   what is already queued (no collection timer, so an isolated update commits
   at once), at most ``max_batch_jobs`` jobs and ``max_batch_bytes`` of
@@ -155,15 +155,11 @@ class WriterThread:
         """
         return await self._submit(_Job(fn, deliver))
 
-    async def run_batched(self, item: object, size: int, deliver: Callable[[T], None] | None = None) -> T:
-        """Commit ``item`` through ``execute_batch``, sharing the transaction with the
-        batchable jobs queued around it; ``size`` is its estimated payload in bytes."""
-        return await (await self.send_batched(item, size, deliver)).outcome()
-
     async def send_batched(self, item: object, size: int, deliver: Callable[[T], None] | None = None) -> Pending[T]:
-        """Queue ``item`` like `run_batched` and return at once: its place in the commit
-        order is fixed now, its outcome is awaited later (`Pending.outcome`). Waits only
-        for a free place in the bounded queue."""
+        """Queue ``item`` to commit through ``execute_batch``, sharing the transaction with
+        the batchable jobs queued around it (``size``: its estimated payload in bytes), and
+        return at once: its place in the commit order is fixed now, its outcome is awaited
+        later (`Pending.outcome`). Waits only for a free place in the bounded queue."""
         assert self._execute_batch is not None, "this writer has no execute_batch"
         job: _BatchableJob[T] = _BatchableJob(item, size, deliver)
         await self._send(job)
