@@ -11,7 +11,7 @@ import orjson
 import trio
 import trio.testing
 from git_support import exists, git, make_repo, real, repo_state
-from harness import RpcFailed, new_thread, open_client, run_turn, start_daemon
+from harness import RpcFailed, new_thread, open_client, run_turn, start_daemon, wait_until
 
 from t3d.domain.codec import converter
 from t3d.domain.events import CaptureCheckpoint
@@ -235,12 +235,26 @@ async def test_a_capture_cut_short_by_a_stop_runs_at_the_next_start(tmp_path: Pa
     run again (recovery decides afresh)."""
     project = make_repo(tmp_path / "repo")
     state = tmp_path / "state"
+
+    def open_effects() -> int:
+        db = apsw.Connection(str(state / "t3d.sqlite"))
+        try:
+            return int(db.execute("SELECT count(*) FROM outbox WHERE done_at IS NULL").get)
+        finally:
+            db.close()
+
+    async def no_open_effects() -> bool:
+        return await trio.to_thread.run_sync(open_effects) == 0
+
     with trio.fail_after(60):
         daemon = await start_daemon(nursery, state, checkpoints="off")
         async with open_client(daemon) as client:
             thread_id = await new_thread(client, project)
             await run_turn(client, thread_id, "Please READ notes.txt")
             turn = (await run_turn(client, thread_id, "Now EDIT notes.txt")).turn
+        # The last turn's capture effect runs just after its terminal event: let the effect
+        # worker reach it (checkpoints off: it is closed at once) before stopping.
+        await wait_until(no_open_effects)
         daemon.stop()
     await trio.testing.wait_all_tasks_blocked()
     capture = CaptureCheckpoint(thread_id, turn["id"], turn["ordinal"], real(project))
@@ -270,12 +284,5 @@ async def test_a_capture_cut_short_by_a_stop_runs_at_the_next_start(tmp_path: Pa
             # checkpoint holds the turn's edit.
             assert git(project, "show", f"{checkpoint['data']['ref']}:notes.txt") == "hello, world"
         daemon.stop()
-
-    def open_effects() -> int:
-        db = apsw.Connection(str(state / "t3d.sqlite"))
-        try:
-            return int(db.execute("SELECT count(*) FROM outbox WHERE done_at IS NULL").get)
-        finally:
-            db.close()
 
     assert await trio.to_thread.run_sync(open_effects) == 0
