@@ -415,3 +415,21 @@ async def test_one_sessions_burst_shares_transactions_through_its_pipeline(tmp_p
         snapshot = await store.snapshot("t-u0")
         assert snapshot["turns"][-1]["status"] == "completed"
         assert len([i for i in snapshot["items"] if i["kind"] == "assistant_message"]) == 40
+
+
+async def test_a_sessions_pipeline_queues_a_full_batch_while_one_commits(tmp_path: Path) -> None:
+    """At the default depth one session hands over two full batches without waiting for a
+    commit: 128 updates queued behind a busy writer commit as 64 + 64, not in halves."""
+    async with _running_turns(tmp_path) as store:
+        pipeline = WritePipeline(store.send, store.record, lambda command, error: pytest.fail(str(error)))
+        release = threading.Event()
+        before, _ = _batches(store)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(store._writer.run, lambda conn: release.wait(10))  # type: ignore[attr-defined]
+            await trio.testing.wait_all_tasks_blocked()
+            with trio.fail_after(5):  # a depth below 2 x BATCH_JOBS would wait on the busy writer
+                for k in range(2 * BATCH_JOBS):
+                    await pipeline.write(c.RecordItems("u0", (_item("u0", f"k{k:03d}"),)))
+            release.set()
+        await pipeline.drain()
+        assert _batches(store) == (before + 2, BATCH_JOBS)
