@@ -215,9 +215,10 @@ class Started:
     def __init__(self) -> None:
         self.names: list[str] = []
         self._changed = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
 
     def note(self, name: str) -> None:  # on a reader thread
-        trio.from_thread.run_sync(self._note, name)
+        trio.from_thread.run_sync(self._note, name, trio_token=self._token)
 
     def _note(self, name: str) -> None:
         self.names.append(name)

@@ -31,6 +31,7 @@ import orjson
 import trio
 import trio_websocket
 
+from t3d import waits
 from t3d.api import jsonrpc as rpc
 from t3d.api.auth import bearer_ok, origin_allowed
 from t3d.api.methods import Methods, thread_not_found
@@ -260,7 +261,7 @@ class WsConnection:
                 nursery.start_soon(self.feeds.run)
                 while True:
                     message = await self.ws.get_message()
-                    await self._in_flight.acquire()
+                    await waits.acquire(self._in_flight)
                     nursery.start_soon(self._handle, message)
         finally:
             self.feeds.close()

@@ -45,6 +45,7 @@ from t3d.live.budget import CONNECTION_BYTES, Budget
 from t3d.live.chunks import CHUNK_BYTES
 from t3d.live.hub import Hub, Subscription
 from t3d.live.reads import BaseReader
+from t3d.waits import holding
 
 MAX_SUBSCRIPTIONS = 256
 # Frames a subscription may send before the sender turns to the next one.
@@ -101,7 +102,7 @@ class Feeds:
         self._hub.subscribe(sub)  # join first, then read: nothing falls in between
         self.subs[sub.sub_id] = sub
         self.budget.members.add(sub)
-        async with self._one_base:
+        async with holding(self._one_base):
             try:
                 if thread_id is None:
                     base: Base | None = await self._reader.shell_base(after)
@@ -123,7 +124,7 @@ class Feeds:
         if len(orjson.dumps(request_id)) > MAX_ID_BYTES:
             raise rpc.RpcError(rpc.INVALID_REQUEST, f"the request id is too long for a streamed reply; use an id of at most {MAX_ID_BYTES} bytes")
         room = CHUNK_BYTES - len(rpc.reply_chunk_frame(request_id, 1 << 62, b""))
-        async with self._one_base:
+        async with holding(self._one_base):
             snapshot = await self._reader.thread_snapshot(thread_id, turn_limit, before, room)
             if snapshot is None:
                 raise rpc.RpcError(rpc.NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
@@ -198,7 +199,7 @@ class Feeds:
 
     async def _resync(self, sub: Subscription) -> None:
         sub.begin_resync()
-        async with self._one_base:
+        async with holding(self._one_base):
             # Joined after begin_resync, so the wave's read starts after it too; subscriptions
             # of other connections that overflowed in the same burst join the same wave.
             wave = self._reader.join_snapshot((sub.thread_id, sub.turn_limit))

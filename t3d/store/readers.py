@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import apsw
 import attrs
+import outcome
 import trio
 
 from t3d.errors import StoreError
@@ -29,6 +30,21 @@ from t3d.store.schema import READER_PRAGMAS
 
 Raw = TypeVar("Raw")
 T = TypeVar("T")
+
+
+async def _in_thread(fn: Callable[[], T]) -> T:
+    """``fn()`` on a worker thread (trio's cache); the caller wakes once, with its outcome.
+    Not cancellable once started, like a read that runs. The scheduler already bounds reads
+    at the pool's size, so no limiter: `trio.to_thread.run_sync` would add two trips through
+    the scheduler (its limiter and a checkpoint) to every read (see t3d/waits.py)."""
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+
+    def deliver(result: outcome.Outcome[T]) -> None:
+        token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+
+    trio.lowlevel.start_thread_soon(fn, deliver)
+    return await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)  # type: ignore[no-any-return]
 
 
 def open_reader_connection(path: str) -> apsw.Connection:
@@ -53,9 +69,6 @@ class ReaderPool:
         self._path = path
         self._scheduler = ReadScheduler(size)
         self._wakeups: dict[Ticket, trio.Event] = {}
-        # Threads for running reads: the scheduler already bounds them at ``size``; an own
-        # limiter keeps other users of trio's default thread limiter from delaying reads.
-        self._threads = trio.CapacityLimiter(size)
         self._idle: list[apsw.Connection] = []
         self.size = size
 
@@ -83,12 +96,13 @@ class ReaderPool:
         wakeup = self._wakeups[ticket] = trio.Event()
         self._dispatch()
         try:
-            await wakeup.wait()
+            if not wakeup.is_set():  # granted at once: no trip through the scheduler
+                await wakeup.wait()
         except BaseException:
             self._leave(ticket)
             raise
         try:
-            return await trio.to_thread.run_sync(self._run, query, decode, limiter=self._threads)
+            return await _in_thread(lambda: self._run(query, decode))
         finally:
             self._leave(ticket)
 
