@@ -18,6 +18,7 @@ import trio
 import t3d
 from t3d.config import Settings, environment_help, load_settings
 from t3d.errors import ConfigError, T3dError
+from t3d.gc_tuning import tune_gc
 
 SERVE_FLAGS = (
     ("--state-dir", "state_dir", "where the database and token live (T3D_STATE_DIR; default $XDG_STATE_HOME/t3d or ~/.local/state/t3d)"),
@@ -99,6 +100,7 @@ def serve(args: argparse.Namespace) -> int:
         print(f"t3d: invalid setting: {exc}", file=sys.stderr)
         return 2
     _configure_logging(settings.log_level)
+    tune_gc()
     try:
         trio.run(_serve, settings)
     except BaseException as exc:

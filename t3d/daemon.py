@@ -26,6 +26,7 @@ from t3d.config import Settings
 from t3d.domain.events import CaptureCheckpoint, Effect
 from t3d.effects import EffectQueue, run_effects
 from t3d.errors import WriterLostError
+from t3d.gc_tuning import GcPauses
 from t3d.git.api import GitMethods
 from t3d.git.service import Checkpoints
 from t3d.health import health_report
@@ -51,7 +52,7 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
     token, token_path = await trio.to_thread.run_sync(load_or_create_token, settings.state_dir)
     lost: list[BaseException | None] = []
 
-    with trio.CancelScope() as daemon_scope:
+    with trio.CancelScope() as daemon_scope, GcPauses().installed() as gc_pauses:
 
         def on_writer_lost(error: BaseException | None) -> None:
             log.critical("the database writer is gone; exiting so the service restarts")
@@ -122,6 +123,7 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                         spawner=attrs.asdict(spawner.statistics()),
                     )
                     report["checkpoints"] = checkpoints.statistics()
+                    report["gc"] = gc_pauses.statistics()
                     report["memory_pressure"] = memory = pressure.statistics()
                     if memory["level"] == "severe":
                         report["reasons"].append("memory pressure is severe: agents are stalled on memory")

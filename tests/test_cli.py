@@ -288,3 +288,15 @@ async def test_ctl_status_says_how_to_start_a_stopped_daemon(tmp_path: Path) -> 
     assert ran.status == 2
     assert f"no t3d daemon answers at http://127.0.0.1:{served.port}" in ran.err
     assert "start it with `t3d serve`" in ran.err
+
+
+async def test_serve_tunes_the_collector_and_health_shows_its_pauses(daemon: Served) -> None:
+    """`t3d serve` froze its start-up objects and raised the young threshold to 10,000
+    (t3d/gc_tuning.py); /api/health reports the thresholds and, per generation, the
+    collections and their pauses."""
+    status, health = await http(daemon, "GET", "/api/health", token=False)  # type: ignore[arg-type]
+    assert status == 200
+    gc_report = health["gc"]
+    assert gc_report["threshold"][0] == 10_000
+    assert gc_report["frozen_objects"] > 1000
+    assert [sorted(g) for g in gc_report["generations"]] == [["collections", "pause_ms_max", "pause_ms_total"]] * 3
