@@ -338,6 +338,10 @@ async def test_a_client_that_never_reads_stays_within_its_connection_budget(tmp_
                 assert budget.high_water <= BUDGET
                 assert budget.relieved > 0
                 assert never_reads in served.app.connections
+                live = served.app.live_statistics()  # what /api/health reports under "live"
+                assert live["websockets"] == 1 and live["budget_bytes"] == BUDGET
+                assert live["buffered_bytes"] + live["held_bytes"] == never_reads.feeds.budget.used <= BUDGET
+                assert live["resynced_for_budget"] == budget.relieved
                 assert all(len(sub.frames) < sub.max_items and sub.buffered_bytes < sub.max_bytes for sub in never_reads.feeds.subs.values())
 
 

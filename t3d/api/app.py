@@ -96,11 +96,25 @@ class ApiApp:
         self._health = health
         self._bound = bound
 
+    def live_statistics(self) -> dict[str, int]:
+        """For /api/health: what the open WebSocket connections hold for their clients,
+        against what their budgets allow (t3d/live/budget.py), and how many subscriptions
+        those connections resynced to stay within them."""
+        budgets = [connection.feeds.budget for connection in self.connections]
+        return {
+            "websockets": len(budgets),
+            "buffered_bytes": sum(b.buffered for b in budgets),
+            "held_bytes": sum(b.held for b in budgets),
+            "budget_bytes": sum(b.limit for b in budgets),
+            "resynced_for_budget": sum(b.relieved for b in budgets),
+        }
+
     # --- HTTP ----------------------------------------------------------------------
 
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
         if request.path == "/api/health" and request.method == "GET":
             report = self._health()
+            report["live"] = self.live_statistics()
             return _json(503 if report["status"] == "failing" else 200, report)
         if not bearer_ok(request.headers, self._token):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
