@@ -347,6 +347,37 @@ async def test_a_client_that_never_reads_stays_within_its_connection_budget(tmp_
 
 # --- nothing outlives its connection ------------------------------------------------------
 
+
+async def test_a_closed_connections_buffers_are_freed_at_once_not_at_a_full_collection(tmp_path: Path) -> None:
+    """A client that never reads holds buffered frames in four thread subscriptions; when it
+    goes away, its subscriptions drop their frames and no longer refer to themselves, so
+    reference counting frees them then. With the collector paused, nothing waits for it."""
+    with trio.fail_after(30):
+        async with serve_app(tmp_path / "state") as served:
+            for thread_id in FLOOD_THREADS:
+                await seed_thread(served.store, tmp_path, thread_id, turns=1, items=1, output_bytes=10)
+                await served.store.execute(c.StartTurn(thread_id, f"{thread_id}-live", "go"))
+            gc.disable()
+            try:
+                async with ws_client(served, receive_buffer=4096) as stuck:
+                    await wait_until(lambda: served.app.connections)
+                    [never_reads] = served.app.connections
+                    for n, thread_id in enumerate(FLOOD_THREADS, 1):
+                        await stuck.send_raw(f'{{"jsonrpc":"2.0","id":{n},"method":"subscribe.thread","params":{{"thread_id":"{thread_id}"}}}}')
+                    await wait_until(lambda: len(never_reads.feeds.subs) == len(FLOOD_THREADS))
+                    for n in range(40):
+                        for thread_id in FLOOD_THREADS:
+                            item = TurnItem(f"{thread_id}-i{n}", thread_id, f"{thread_id}-live", 0, "command", "completed", "make", None, {"output": "o" * 10_000}, 0.0)
+                            await served.store.execute(c.RecordItems(f"{thread_id}-live", (item,)))
+                    subs = list(never_reads.feeds.subs.values())
+                    assert sum(sub.buffered_bytes for sub in subs) > 100_000, "the client should be holding frames"
+                await wait_until(lambda: not served.app.connections)
+                assert all(not sub.frames and sub.buffered_bytes == 0 for sub in subs)
+                assert all(gc.get_referrers(sub) == [subs] for sub in subs), "only this test still refers to them"
+            finally:
+                gc.enable()
+
+
 # CI runs a few hundred; `T3D_TEST_DISCONNECTS=10000` runs the issue's full count.
 DISCONNECTS = int(os.environ.get("T3D_TEST_DISCONNECTS", "300"))
 

@@ -56,6 +56,10 @@ MAX_ID_BYTES = 1024
 Send = Callable[[bytes], Awaitable[None]]
 
 
+def _nothing() -> None:
+    pass
+
+
 class Feeds:
     def __init__(self, hub: Hub, reader: BaseReader, send: Send, *, budget: int = CONNECTION_BYTES) -> None:
         self._hub = hub
@@ -157,6 +161,11 @@ class Feeds:
         self.budget.members.discard(sub)
         if self.subs.get(sub.sub_id) is sub:
             del self.subs[sub.sub_id]
+        # Free its buffer now, and break the cycle sub -> wake -> sub: otherwise the
+        # frames a slow client left behind (up to its budget) wait for a full collection
+        # of the garbage collector, minutes apart in a serving process (gc_tuning.py).
+        sub.take()
+        sub.wake = _nothing
 
     def close(self) -> None:
         """Leave the hub and drop every buffer (idempotent)."""
