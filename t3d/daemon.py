@@ -124,6 +124,7 @@ async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonI
                     )
                     report["checkpoints"] = checkpoints.statistics()
                     report["gc"] = gc_pauses.statistics()
+                    report["live"] = app.live_statistics()
                     report["memory_pressure"] = memory = pressure.statistics()
                     if memory["level"] == "severe":
                         report["reasons"].append("memory pressure is severe: agents are stalled on memory")

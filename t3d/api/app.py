@@ -114,7 +114,6 @@ class ApiApp:
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
         if request.path == "/api/health" and request.method == "GET":
             report = self._health()
-            report["live"] = self.live_statistics()
             return _json(503 if report["status"] == "failing" else 200, report)
         if not bearer_ok(request.headers, self._token):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
