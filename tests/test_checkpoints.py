@@ -3,6 +3,7 @@ applying its recorded edits."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,16 @@ async def test_a_failing_capture_leaves_the_turn_completed_with_the_reason(tmp_p
         daemon.stop()
 
 
+def _answers(path: Path) -> bool:
+    """Whether something accepts connections on the Unix socket at ``path``."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
 async def test_a_capture_cut_short_by_a_stop_runs_at_the_next_start(tmp_path: Path, nursery: trio.Nursery) -> None:
     """A capture's outbox row stays open until the checkpoint is taken: one left open by a
     daemon that stopped mid-capture (written here as that daemon would have left it) is
@@ -256,6 +267,9 @@ async def test_a_capture_cut_short_by_a_stop_runs_at_the_next_start(tmp_path: Pa
         # worker reach it (checkpoints off: it is closed at once) before stopping.
         await wait_until(no_open_effects)
         daemon.stop()
+        # Its spawner must be gone too: the next daemon would otherwise connect to it while
+        # it stops (wait_all_tasks_blocked returns while the daemon waits for it to exit).
+        await wait_until(lambda: not _answers(daemon.settings.spawner_socket))
     await trio.testing.wait_all_tasks_blocked()
     capture = CaptureCheckpoint(thread_id, turn["id"], turn["ordinal"], real(project))
 
@@ -279,7 +293,7 @@ async def test_a_capture_cut_short_by_a_stop_runs_at_the_next_start(tmp_path: Pa
         async with open_client(daemon) as client:
             await client.call("subscribe.thread", thread_id=thread_id)
             checkpoint = await _checkpoint(client, turn["id"])
-            assert checkpoint["data"]["status"] == "ok", checkpoint["data"]
+            assert checkpoint["data"]["status"] == "ok", checkpoint["data"].get("error")
             # No baseline (checkpoints were off before): the files are not counted, but the
             # checkpoint holds the turn's edit.
             assert git(project, "show", f"{checkpoint['data']['ref']}:notes.txt") == "hello, world"
