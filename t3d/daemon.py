@@ -20,6 +20,7 @@ import trio
 from t3d.admission.service import Admission
 from t3d.api.app import ApiApp
 from t3d.api.auth import load_or_create_token
+from t3d.api.git_methods import GitMethods
 from t3d.api.methods import Methods
 from t3d.api.transport import TransportStats, serve_api_transport
 from t3d.config import Settings
@@ -27,7 +28,6 @@ from t3d.domain.events import CaptureCheckpoint, Effect
 from t3d.effects import EffectQueue, run_effects
 from t3d.errors import WriterLostError
 from t3d.gc_tuning import GcPauses
-from t3d.git.api import GitMethods
 from t3d.git.service import Checkpoints
 from t3d.health import health_report
 from t3d.live.hub import Hub

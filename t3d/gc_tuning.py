@@ -16,7 +16,7 @@ younger collections of 3-5 ms in four minutes. They were the longest loop stalls
   full collection once long-lived objects grew by a quarter), so memory stays
   proportional to what is live. Garbage in reference cycles waits longer, for
   minutes: code that lets go of large buffers must not leave them in a cycle
-  (feeds.py frees a closed connection's subscription buffers itself; before it
+  (t3d/api/feeds.py frees a closed connection's subscription buffers itself; before it
   did, 100 never-reading clients grew RSS by ~140 MiB between full collections).
 - The cost: with many long-lived objects a full collection is long. At PRIMARY
   250 with 100 never-reading clients (~25,000 subscriptions) one took 650-850 ms,

@@ -326,6 +326,40 @@ async def test_one_invalid_params_error_names_every_bad_field(
         daemon.stop()
 
 
+async def test_unknown_params_are_refused_by_name_on_every_method(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A param a method does not take is refused (-32602) with its name and the params the
+    method takes, on mutating and read methods alike, over the WebSocket and over HTTP; a
+    misspelled field must not silently do nothing. Read methods take no command_id."""
+    with trio.fail_after(20):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        async with open_client(daemon) as client:
+            project_id = (await client.call("project.create", path=str(tmp_path)))["project_id"]
+            with pytest.raises(RpcFailed) as failed:
+                await client.call("thread.create", project_id=project_id, provider="replay", titel="x")
+            assert failed.value.code == INVALID_PARAMS
+            assert "'titel'" in failed.value.message and "title" in failed.value.message
+            assert (await http(daemon, "GET", "/api/shell"))[1]["threads"] == []
+            for method, params in (
+                ("project.list", {"verbose": True}),
+                ("server.hello", {"x": 1}),
+                ("requests.pending", {"command_id": "c"}),
+                ("subscribe.shell", {"after": 3}),
+                ("subscribe.server", {"memory": True}),
+                ("unsubscribe", {"sub": "s1", "all": True}),
+                ("thread.snapshot", {"thread_id": "t", "turnLimit": 1}),
+            ):
+                with pytest.raises(RpcFailed) as failed:
+                    await client.call(method, **params)
+                assert failed.value.code == INVALID_PARAMS, method
+                bad = next(name for name in params if name not in ("thread_id", "sub"))
+                assert f"'{bad}'" in failed.value.message and method in failed.value.message
+        status, body = await http(daemon, "POST", "/api/requests/r1/respond", {"decision": "allow", "mesage": "m"})
+        assert status == 400 and "'mesage'" in body["error"]["message"]
+        daemon.stop()
+
+
 # --- projects and threads ------------------------------------------------------------
 
 
@@ -432,9 +466,23 @@ async def test_command_id_makes_a_command_idempotent(tmp_path: Path, nursery: tr
             again = await client.call(
                 "thread.create", project_id=project_id, provider="replay", command_id="cmd-1"
             )
-            assert again["thread_id"] == first["thread_id"]
+            assert again == first and isinstance(first["sequence"], int)
             shell = (await http(daemon, "GET", "/api/shell"))[1]
             assert [t["id"] for t in shell["threads"]] == [first["thread_id"]]
+
+            # A retry returns exactly the first result; the same id with other params is refused.
+            thread_id = first["thread_id"]
+            renamed = await client.call("thread.rename", thread_id=thread_id, title="A", command_id="r-1")
+            assert await client.call("thread.rename", thread_id=thread_id, title="A", command_id="r-1") == renamed
+            with pytest.raises(RpcFailed) as reused:
+                await client.call("thread.rename", thread_id=thread_id, title="B", command_id="r-1")
+            assert reused.value.code == CONFLICT
+            assert "r-1" in reused.value.message and "new command_id" in reused.value.message
+            with pytest.raises(RpcFailed) as reused:
+                await client.call("thread.archive", thread_id=thread_id, command_id="r-1")
+            assert reused.value.code == CONFLICT
+            shell = (await http(daemon, "GET", "/api/shell"))[1]
+            assert [(t["title"], t["archived_at"]) for t in shell["threads"]] == [("A", None)]
 
             with pytest.raises(RpcFailed) as rejected:
                 await client.call(

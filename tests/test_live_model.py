@@ -2,7 +2,7 @@
 
 The machine drives the real pure parts (Hub, Subscription, the wire projection,
 snapshot chunks, resume bases and the replay window) the way a connection does
-(t3d/live/feeds.py): join the hub, read a base later (commits may land in
+(t3d/api/feeds.py): join the hub, read a base later (commits may land in
 between), apply it, go live, pop frames when the client reads, resync on
 overflow, reconnect with ``after_sequence``. Buffers and replay bounds are tiny
 so overflows and snapshot fallbacks happen often. The event log and its

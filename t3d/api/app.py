@@ -7,7 +7,7 @@ Rules:
 - On a WebSocket each request runs in its own task (at most
   `MAX_IN_FLIGHT` per connection; beyond that the connection stops reading).
   A bad frame gets an error reply; the connection stays up.
-- Subscriptions are served by `Feeds` (t3d/live/feeds.py): join the hub,
+- Subscriptions are served by `Feeds` (t3d/api/feeds.py): join the hub,
   read a base (snapshot or replay), reply, send the base, go live; resync on
   overflow. Closing the connection releases them all at once.
 - Snapshots over HTTP (``GET /api/threads/{id}``, ``thread.snapshot`` via
@@ -34,11 +34,11 @@ import trio_websocket
 from t3d import waits
 from t3d.api import jsonrpc as rpc
 from t3d.api.auth import bearer_ok, origin_allowed
+from t3d.api.feeds import Feeds
 from t3d.api.methods import Methods, thread_not_found
 from t3d.api.transport import HttpRequest, HttpResponse
 from t3d.errors import SpawnerError, T3dError
 from t3d.live.budget import CONNECTION_BYTES
-from t3d.live.feeds import Feeds
 from t3d.live.hub import Hub
 from t3d.live.reads import BaseReader
 from t3d.pressure.sampler import PressureListener, PressureSampler
@@ -168,7 +168,7 @@ class ApiApp:
         """``thread.snapshot`` over HTTP: one JSON-RPC response whose body is streamed in pieces
         of at most 256 KiB (the snapshot itself is never joined into one buffer)."""
         try:
-            thread_id, turn_limit, before = self.methods.snapshot_params(rpc.Params(request.params))
+            thread_id, turn_limit, before = self.methods.snapshot_params(rpc.Params(request.params, request.method))
             pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
             if pieces is None:
                 raise thread_not_found(thread_id)
@@ -288,7 +288,7 @@ class WsConnection:
             elif request.method == "subscribe.server":
                 await self._subscribe_server(request)
             elif request.method == "unsubscribe":
-                p = rpc.Params(request.params)
+                p = rpc.Params(request.params, request.method)
                 sub_id = p.str("sub", max_len=50)
                 p.check()
                 if sub_id in self._server_subs:
@@ -299,7 +299,7 @@ class WsConnection:
                     self.feeds.unsubscribe(sub_id)
                 await self.send(rpc.result_frame(request.id, {"sub": sub_id}))
             elif request.method == "thread.snapshot" and not request.is_notification:
-                thread_id, turn_limit, before = self.app.methods.snapshot_params(rpc.Params(request.params))
+                thread_id, turn_limit, before = self.app.methods.snapshot_params(rpc.Params(request.params, request.method))
                 await self.feeds.reply_snapshot(request.id, thread_id, turn_limit, before)
             else:
                 reply = await self.app.answer(request)
@@ -317,9 +317,9 @@ class WsConnection:
     async def _subscribe_server(self, request: rpc.Request) -> None:
         """``subscribe.server {memory_pressure?: bool}``: server-wide notices. Opted in, the
         reply is followed by the current ``memory_pressure`` value, then by each change."""
-        opted = rpc.Params(request.params).raw("memory_pressure")
-        if opted is not None and not isinstance(opted, bool):
-            raise rpc.RpcError(rpc.INVALID_PARAMS, f"invalid params: memory_pressure must be true or false, not {type(opted).__name__}")
+        p = rpc.Params(request.params, request.method)
+        opted = p.opt_bool("memory_pressure", default=False)
+        p.check()
         if len(self._server_subs) >= MAX_SERVER_SUBS:
             raise rpc.RpcError(rpc.INVALID_REQUEST, f"a connection may hold at most {MAX_SERVER_SUBS} server subscriptions; unsubscribe first")
         self._next_server_sub += 1
@@ -349,7 +349,7 @@ class WsConnection:
             pressure.unlisten(listener)
 
     async def _subscribe(self, request: rpc.Request) -> None:
-        p = rpc.Params(request.params)
+        p = rpc.Params(request.params, request.method)
         thread_id = p.str("thread_id", max_len=200) if request.method == "subscribe.thread" else None
         turn_limit = p.opt_int("turn_limit", default=DEFAULT_TURN_LIMIT, low=1, high=MAX_TURN_LIMIT)
         after = p.opt_int("after_sequence", default=None, low=0, high=1 << 62)

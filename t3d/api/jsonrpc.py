@@ -2,12 +2,15 @@
 
 `parse_request` turns one frame into a `Request` or raises `RpcError` with
 the reply to send. `Params` reads a request's params and collects every bad
-field, so one error names all of them at once.
+field, so one error names all of them at once; a param the method never read
+is refused by `Params.check` as unknown (a misspelled ``titel`` must not
+silently do nothing).
 """
 
 from __future__ import annotations
 
 import builtins
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,13 +110,17 @@ _MISSING = object()
 
 
 class Params:
-    """Typed access to params; `check` raises one error naming every bad field."""
+    """Typed access to params; `check` raises one error naming every bad field and every
+    param the method did not read (so read them all before `check`)."""
 
-    def __init__(self, params: dict[str, Any]) -> None:
+    def __init__(self, params: dict[str, Any], method: builtins.str = "") -> None:
         self._params = params
+        self._method = method
+        self._read: list[builtins.str] = []
         self._problems: list[str] = []
 
     def _get(self, name: builtins.str, kind: type | tuple[type, ...], label: builtins.str, required: bool) -> Any:
+        self._seen(name)
         value = self._params.get(name, _MISSING)
         if value is _MISSING or value is None:
             if required:
@@ -147,6 +154,10 @@ class Params:
             return default
         return value
 
+    def opt_bool(self, name: builtins.str, *, default: bool) -> Any:
+        value = self._get(name, bool, "true or false", False)
+        return default if value is None else value
+
     def choice(self, name: builtins.str, allowed: Sequence[builtins.str], *, default: builtins.str | None = None) -> Any:
         value = self._get(name, str, f"one of {', '.join(allowed)}", default is None)
         if value is None:
@@ -157,8 +168,26 @@ class Params:
         return value
 
     def raw(self, name: builtins.str) -> Any:
+        self._seen(name)
         return self._params.get(name)
 
+    def _seen(self, name: builtins.str) -> None:
+        if name not in self._read:
+            self._read.append(name)
+
+    def fingerprint(self) -> bytes:
+        """What a retry with the same ``command_id`` must repeat: the method and every param
+        but ``command_id``, canonically encoded and hashed. Pure."""
+        params = {k: v for k, v in self._params.items() if k != "command_id"}
+        body = orjson.dumps([self._method, params], option=orjson.OPT_SORT_KEYS)
+        return hashlib.sha256(body).digest()
+
     def check(self) -> None:
+        unknown = [name for name in self._params if name not in self._read]
+        if unknown:
+            what = f"{self._method} takes" if self._method else "this call takes"
+            takes = ", ".join(self._read) if self._read else "no params"
+            names = ", ".join(repr(name) for name in unknown)
+            self._problems.append(f"unknown param{'s' if len(unknown) > 1 else ''} {names}; {what} {takes}")
         if self._problems:
             raise RpcError(INVALID_PARAMS, "invalid params: " + "; ".join(self._problems), {"problems": self._problems})

@@ -1,10 +1,11 @@
 """The JSON-RPC methods that do not depend on a connection.
 
-Each method checks its params (all problems named at once), turns them into a
-domain command or a read, and shapes the result. Mutating methods take an
-optional client-minted ``command_id`` (minted here when absent); a retry with
-the same id returns the first result. The same methods serve the WebSocket
-and ``POST /api/dispatch``.
+Each method checks its params (all problems named at once, unknown ones
+refused), turns them into a domain command or a read, and shapes the result.
+Mutating methods (`MUTATING`) take an optional client-minted ``command_id``
+(minted here when absent); a retry with the same id and the same params returns
+the first result exactly, and the same id with other params is refused. The
+same methods serve the WebSocket and ``POST /api/dispatch``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import trio
 
 import t3d
+from t3d.api.git_methods import GitMethods
 from t3d.api.jsonrpc import (
     DOMAIN_CODES,
     INVALID_PARAMS,
@@ -28,9 +30,7 @@ from t3d.api.jsonrpc import (
 from t3d.domain import commands as c
 from t3d.domain.model import DECISIONS, PROVIDERS
 from t3d.errors import DomainError
-from t3d.git.api import GitMethods
 from t3d.live.reads import BaseReader
-from t3d.store.commit import Committed
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
 from t3d.store.store import Store
 
@@ -38,6 +38,22 @@ RUNTIME_MODES = ("approval-required", "auto-accept-edits", "full-access")
 MAX_PATH = 32
 
 Method = Callable[[Params], Awaitable[Any]]
+
+# Methods that change something: they take ``command_id`` (the receipt makes a retry safe).
+MUTATING = frozenset(
+    {
+        "project.create",
+        "thread.create",
+        "thread.rename",
+        "thread.archive",
+        "thread.delete",
+        "thread.move",
+        "turn.start",
+        "turn.interrupt",
+        "request.respond",
+        "checkpoint.revert",
+    }
+)
 
 
 def _mint() -> str:
@@ -57,10 +73,6 @@ def _absolute_path(raw: str) -> str:
 
 def thread_not_found(thread_id: str | None) -> RpcError:
     return RpcError(NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
-
-
-def _sequence(committed: Committed) -> int | None:
-    return committed.events[-1].sequence if committed.events else None
 
 
 class Methods:
@@ -91,7 +103,7 @@ class Methods:
             "requests.pending": self.requests_pending,
             "item.detail": self.item_detail,
         }
-        if git is not None:  # worktrees, checkpoint.diff|revert, thread.move (t3d/git/api.py)
+        if git is not None:  # worktrees, checkpoint.diff|revert, thread.move (t3d/api/git_methods.py)
             git.commit = self._commit
             self.table.update(git.table)
 
@@ -105,27 +117,27 @@ class Methods:
             raise RpcError(
                 METHOD_NOT_FOUND, f"unknown method {method!r}; server.hello lists the methods"
             )
-        p = Params(params)
-        # Checked with the method's own params, so one error names every bad field
-        # (read methods ignore it).
-        p.opt_str("command_id", max_len=200)
+        p = Params(params, method)
+        if method in MUTATING:  # checked with the method's own params: one error names all
+            p.opt_str("command_id", max_len=200)
         return await handler(p)
 
     async def _commit(self, p: Params, command: c.Command) -> dict[str, Any]:
         """Commit ``command``; the result names what it made and the sequence it reached."""
         try:
             committed = await self._store.execute(
-                command, command_id=p.raw("command_id") or _mint()
+                command, command_id=p.raw("command_id") or _mint(), fingerprint=p.fingerprint()
             )
         except DomainError as exc:
             raise RpcError(
                 DOMAIN_CODES.get(exc.code, DOMAIN_CODES["invalid"]), exc.message
             ) from None
-        return {**committed.result, "sequence": _sequence(committed)}
+        return committed.result
 
     # --- methods ---------------------------------------------------------------------------
 
     async def server_hello(self, p: Params) -> Any:
+        p.check()
         return {
             "server": "t3d",
             "version": t3d.__version__,
@@ -149,6 +161,7 @@ class Methods:
         return await self._commit(p, c.CreateProject(project_id, path, title))
 
     async def project_list(self, p: Params) -> Any:
+        p.check()
         return {"projects": await self._store.projects()}
 
     async def thread_create(self, p: Params) -> Any:
@@ -194,10 +207,12 @@ class Methods:
         """Delete the thread; its worktree too (``remove_worktree``, default true) when a fresh
         status shows it clean, or with ``force``. A dirty worktree refuses the delete."""
         thread_id = p.str("thread_id", max_len=200)
+        remove_worktree, force = p.opt_bool("remove_worktree", default=True), p.opt_bool("force", default=False)
         p.check()
         if self._git is None:
             return await self._commit(p, c.DeleteThread(thread_id))
-        return await self._git.delete_thread(p, thread_id, lambda: self._commit(p, c.DeleteThread(thread_id)))
+        commit = lambda: self._commit(p, c.DeleteThread(thread_id))  # noqa: E731
+        return await self._git.delete_thread(thread_id, commit, remove_worktree=remove_worktree, force=force)
 
     def snapshot_params(self, p: Params) -> tuple[str, int, int | None]:
         """``thread_id``, ``turn_limit`` and ``before`` of a snapshot request, checked."""

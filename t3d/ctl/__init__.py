@@ -1,10 +1,11 @@
 """`t3d ctl`: the admin and terminal client, over the daemon's public API only.
 
 ``client`` connects (HTTP and JSON-RPC over WebSocket), ``render`` turns
-entities into terminal text (pure), ``commands`` wires them into the
-subcommands the CLI calls through :func:`add_ctl_arguments` and :func:`run_ctl`.
+entities into terminal text (pure), ``terminal`` writes and reads the terminal,
+``main`` parses the subcommands and runs them; each command module (``admin``:
+status, threads, stop, memory; ``turn``: run) registers its own.
 """
 
-from t3d.ctl.commands import add_ctl_arguments, run_ctl
+from t3d.ctl.main import add_ctl_arguments, run_ctl
 
 __all__ = ["add_ctl_arguments", "run_ctl"]

@@ -48,8 +48,11 @@ MAX_WS_MESSAGE_BYTES = 64 * 1024 * 1024  # trio-websocket closes with 1009 above
 NOTIFY_QUEUE_MESSAGES = 1_000
 NOTIFY_QUEUE_BYTES = 16 * 1024 * 1024
 
+# Exit statuses of `t3d ctl` (t3d/ctl/main.py says when each is used).
+EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_SIGINT = 130
 
 START_HINT = "start it with `t3d serve` (or `make run`)"
 

@@ -12,7 +12,7 @@ Rules:
   live frames again, as after its own overflow; no stream ends.
 - Held bytes are never dropped (a reply must go out for the connection to
   move on). The connection sends one base or snapshot reply at a time
-  (feeds.py), so when one reply is larger than the whole budget (a thread
+  (t3d/api/feeds.py), so when one reply is larger than the whole budget (a thread
   read with a large ``turn_limit``) the connection holds that reply and
   nothing else: at most max(budget, one reply).
 - Frames are encoded once and shared by every subscription that buffers

@@ -9,7 +9,10 @@ applies them to the projections, writes the outbox effects and the receipt.
 after COMMIT.
 
 A rejected command rolls back its own writes and records a rejected receipt,
-so a retry of the same ``command_id`` fails the same way.
+so a retry of the same ``command_id`` fails the same way. A receipt keeps the
+command's result as it was returned (``sequence`` included), so a retry gets
+exactly the first result, and the command's fingerprint (the method and its
+params), so the same ``command_id`` sent with other params is refused.
 """
 
 from __future__ import annotations
@@ -67,11 +70,15 @@ class Write:
     command: c.Command
     command_id: str | None
     now: float
+    # What a retry of ``command_id`` must repeat (`Params.fingerprint`); None: anything.
+    fingerprint: bytes | None = None
 
 
-def execute(conn: apsw.Connection, command: c.Command, command_id: str | None, now: float) -> Committed:
+def execute(
+    conn: apsw.Connection, command: c.Command, command_id: str | None, now: float, fingerprint: bytes | None = None
+) -> Committed:
     """Decide and commit one command in its own transaction; raises what the command raised."""
-    [result] = execute_batch(conn, (Write(command, command_id, now),))
+    [result] = execute_batch(conn, (Write(command, command_id, now, fingerprint),))
     return result.unwrap()
 
 
@@ -97,14 +104,15 @@ def execute_batch(conn: apsw.Connection, writes: Sequence[Write]) -> list[outcom
 def _apply(conn: apsw.Connection, write: Write) -> outcome.Outcome[Committed]:
     receipt = _receipt(conn, write.command_id) if write.command_id is not None else None
     if receipt is not None:
-        return outcome.capture(_replayed, receipt)
+        return outcome.capture(_replayed, write, receipt)
     conn.execute("SAVEPOINT command")
     try:
         decision = decide(SqlView(conn), write.command, write.now)
         stored = tuple(_append(conn, event, write.now) for event in decision.events)
         effects = tuple(_enqueue(conn, effect, write.now) for effect in decision.effects)
+        result = {**decision.result, "sequence": stored[-1].sequence if stored else None}
         if write.command_id is not None:
-            _write_receipt(conn, write.command_id, ok=True, body=decision.result, now=write.now)
+            _write_receipt(conn, write, ok=True, body=result)
         shell = _shell_rows(conn, stored)
     except Exception as exc:
         if conn.get_autocommit():  # SQLite ended the whole transaction: the batch fails
@@ -113,10 +121,10 @@ def _apply(conn: apsw.Connection, write: Write) -> outcome.Outcome[Committed]:
         conn.execute("RELEASE command")
         if isinstance(exc, DomainError) and write.command_id is not None:
             # A retry of the same command_id fails the same way.
-            _write_receipt(conn, write.command_id, ok=False, body={"code": exc.code, "message": exc.message}, now=write.now)
+            _write_receipt(conn, write, ok=False, body={"code": exc.code, "message": exc.message})
         return outcome.Error(exc)
     conn.execute("RELEASE command")
-    return outcome.Value(Committed(decision.result, stored, shell, effects))
+    return outcome.Value(Committed(result, stored, shell, effects))
 
 
 def mark_effects_done(conn: apsw.Connection, ids: list[int], now: float) -> None:
@@ -130,24 +138,33 @@ def finish_effect(conn: apsw.Connection, kind: str, payload: bytes, now: float) 
         conn.execute("UPDATE outbox SET done_at = ? WHERE done_at IS NULL AND kind = ? AND payload = ?", (now, kind, payload))
 
 
-def _receipt(conn: apsw.Connection, command_id: str) -> tuple[bool, JsonDict] | None:
-    for ok, body in conn.execute("SELECT ok, result FROM receipts WHERE command_id = ?", (command_id,)):
-        return bool(ok), orjson.loads(body)
+def _receipt(conn: apsw.Connection, command_id: str) -> tuple[bool, JsonDict, bytes | None] | None:
+    for ok, body, fingerprint in conn.execute(
+        "SELECT ok, result, fingerprint FROM receipts WHERE command_id = ?", (command_id,)
+    ):
+        return bool(ok), orjson.loads(body), fingerprint
     return None
 
 
-def _replayed(receipt: tuple[bool, JsonDict]) -> Committed:
-    """A retried command returns its original result, or fails the same way."""
-    ok, value = receipt
+def _replayed(write: Write, receipt: tuple[bool, JsonDict, bytes | None]) -> Committed:
+    """A retried command returns its original result, or fails the same way; the same
+    ``command_id`` with another method or other params is refused."""
+    ok, value, fingerprint = receipt
+    if write.fingerprint is not None and fingerprint is not None and fingerprint != write.fingerprint:
+        raise DomainError(
+            "conflict",
+            f"command_id {write.command_id!r} was already used for a different call; a retry must repeat "
+            "the same method and params, and a new call needs a new command_id",
+        )
     if not ok:
         raise DomainError(value["code"], value["message"])
     return Committed(value, replayed=True)
 
 
-def _write_receipt(conn: apsw.Connection, command_id: str, *, ok: bool, body: JsonDict, now: float) -> None:
+def _write_receipt(conn: apsw.Connection, write: Write, *, ok: bool, body: JsonDict) -> None:
     conn.execute(
-        "INSERT INTO receipts(command_id, ok, result, created_at) VALUES (?,?,?,?)",
-        (command_id, int(ok), orjson.dumps(body), now),
+        "INSERT INTO receipts(command_id, ok, result, created_at, fingerprint) VALUES (?,?,?,?,?)",
+        (write.command_id, int(ok), orjson.dumps(body), write.now, write.fingerprint),
     )
 
 

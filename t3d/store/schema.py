@@ -159,6 +159,12 @@ MIGRATIONS: tuple[str, ...] = (
     """
     CREATE INDEX requests_pending_in_order ON requests(status) WHERE status = 'pending';
     """,
+    # 4: a receipt remembers what was asked (the method and params, hashed), so the same
+    # command_id sent with other params is refused instead of replayed; NULL in receipts
+    # written before this version (those replay as before)
+    """
+    ALTER TABLE receipts ADD COLUMN fingerprint BLOB;
+    """,
 )
 
 

@@ -116,10 +116,13 @@ class Store:
         for listener in self._listeners:
             listener(committed)
 
-    async def execute(self, command: c.Command, *, command_id: str | None = None) -> Committed:
-        """Decide and commit ``command``; raises `DomainError` if it is rejected."""
+    async def execute(
+        self, command: c.Command, *, command_id: str | None = None, fingerprint: bytes | None = None
+    ) -> Committed:
+        """Decide and commit ``command``; raises `DomainError` if it is rejected. A retry of
+        ``command_id`` replays the first outcome; with another ``fingerprint`` it is refused."""
         now = self._clock()
-        return await self._writer.run(lambda conn: execute(conn, command, command_id, now), self._publish)
+        return await self._writer.run(lambda conn: execute(conn, command, command_id, now, fingerprint), self._publish)
 
     async def record(self, command: c.Command) -> Committed:
         """Commit a provider session's update. Updates of all sessions already queued

@@ -33,15 +33,6 @@ def _git_error(exc: GitError) -> RpcError:
     return RpcError(DOMAIN_CODES["invalid"], str(exc))
 
 
-def _bool(p: Params, name: str) -> bool:
-    value = p.raw(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise RpcError(INVALID_PARAMS, f"{name} must be true or false")
-    return value
-
-
 def parse_workspace(raw: Any) -> tuple[str, str | None, str | None]:
     """``"root"`` (or absent) or ``{"worktree": {"base_ref"?, "branch"?}}`` -> (kind, base_ref, branch). Pure."""
     if raw is None or raw == "root":
@@ -104,26 +95,25 @@ class GitMethods:
             with contextlib.suppress(GitError):  # left for the user; the error they get is the thread's
                 await remove_worktree(self._checkpoints.git, self._state_dir, workspace.worktree_path, force=True)
 
-    async def _remove_worktree(self, p: Params, thread: dict[str, Any] | None) -> dict[str, Any]:
-        """Remove the thread's worktree (``remove_worktree``, default true) if it is clean or
-        ``force`` is given; a dirty one refuses the delete."""
-        remove = p.raw("remove_worktree")
-        force = _bool(p, "force")
-        if remove is not None and not isinstance(remove, bool):
-            raise RpcError(INVALID_PARAMS, "remove_worktree must be true or false")
-        if thread is None or not thread.get("worktree_path") or remove is False:
+    async def _remove_worktree(self, thread: dict[str, Any] | None, *, remove: bool, force: bool) -> dict[str, Any]:
+        """Remove the thread's worktree (``remove``) if it is clean or ``force`` is given; a
+        dirty one refuses the delete."""
+        if thread is None or not thread.get("worktree_path") or not remove:
             return {}
         try:
             return {"worktree": await remove_worktree(self._checkpoints.git, self._state_dir, thread["worktree_path"], force=force)}
         except GitError as exc:
             raise RpcError(DOMAIN_CODES["conflict"], str(exc)) from None
 
-    async def delete_thread(self, p: Params, thread_id: str, commit: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    async def delete_thread(
+        self, thread_id: str, commit: Callable[[], Awaitable[dict[str, Any]]], *, remove_worktree: bool, force: bool
+    ) -> dict[str, Any]:
         """``thread.delete`` with its git side: the worktree first (`_remove_worktree`), then the
         delete, then the thread's checkpoint refs, so deleted threads leave no hidden refs
         (and no unreachable history) behind in the repository."""
         context = await self._store.thread_context(thread_id)
-        removed = await self._remove_worktree(p, None if context is None else context[0])
+        thread = None if context is None else context[0]
+        removed = await self._remove_worktree(thread, remove=remove_worktree, force=force)
         result = {**await commit(), **removed}
         if context is not None:
             try:

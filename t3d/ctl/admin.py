@@ -1,0 +1,150 @@
+"""`t3d ctl status|threads|stop|memory`: look at the daemon and stop a thread's work."""
+
+from __future__ import annotations
+
+import argparse
+
+import orjson
+import trio
+
+from t3d.ctl.client import (
+    EXIT_OK,
+    CtlError,
+    Endpoint,
+    JsonDict,
+    RpcConnection,
+    http_get_json,
+    new_command_id,
+    open_rpc,
+    read_token,
+)
+from t3d.ctl.render import count_threads, format_memory, format_status, format_threads_table
+from t3d.ctl.terminal import out
+
+# How long `status` waits for a memory-pressure reading.
+MEMORY_WAIT_S = 3.0
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    status = commands.add_parser(
+        "status", parents=[common], help="is the daemon up: version, uptime, projects and threads"
+    )
+    status.set_defaults(handler=_status)
+    stop = commands.add_parser(
+        "stop", parents=[common], help="stop a thread's running turn (--force: kill its agent)"
+    )
+    stop.add_argument("thread", metavar="THREAD", help="the thread's id")
+    stop.add_argument(
+        "--force",
+        action="store_true",
+        help="kill the agent's process group (TERM, a grace period, KILL); the turn ends cancelled",
+    )
+    stop.set_defaults(handler=_stop)
+    memory = commands.add_parser(
+        "memory", parents=[common], help="watch memory pressure and the heaviest agents live"
+    )
+    memory.set_defaults(handler=_memory)
+    threads = commands.add_parser("threads", parents=[common], help="list threads")
+    threads.add_argument("--all", action="store_true", help="include archived threads")
+    threads.set_defaults(handler=_threads)
+
+
+async def _fetch_shell(endpoint: Endpoint) -> tuple[list[JsonDict], list[JsonDict]]:
+    token = read_token(endpoint.token_path)
+    shell = await http_get_json(endpoint, "/api/shell", token=token)
+    if not isinstance(shell, dict):
+        raise CtlError(
+            f"{endpoint.url}/api/shell answered {type(shell).__name__}, not an object; is this a t3d daemon?"
+        )
+    projects = [row for row in shell.get("projects") or [] if isinstance(row, dict)]
+    threads = [row for row in shell.get("threads") or [] if isinstance(row, dict)]
+    return projects, threads
+
+
+async def _status(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    health = await http_get_json(endpoint, "/api/health")
+    if not isinstance(health, dict):
+        raise CtlError(
+            f"{endpoint.url}/api/health answered {type(health).__name__}, not an object; is this a t3d daemon?"
+        )
+    projects, threads = await _fetch_shell(endpoint)
+    counts = count_threads(threads)
+    memory = await _memory_now(endpoint, health)
+    if args.json:
+        out(
+            orjson.dumps(
+                {"url": endpoint.url, "health": health, "projects": len(projects), **counts, "memory_pressure": memory}
+            ).decode()
+            + "\n"
+        )
+    else:
+        out(format_status(endpoint.url, health, len(projects), counts) + format_memory(memory))
+    return EXIT_OK if health.get("status") == "ok" else 1
+
+
+async def _memory_now(endpoint: Endpoint, health: JsonDict) -> JsonDict:
+    """The current memory-pressure value: health's while the daemon samples, else one
+    reading through an opted-in subscription (which the daemon answers with the value)."""
+    known = health.get("memory_pressure")
+    if isinstance(known, dict) and known.get("sampling"):
+        return known
+    with trio.move_on_after(MEMORY_WAIT_S):
+        try:
+            async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+                return await _next_memory_value(rpc, await _subscribe_memory(rpc))
+        except CtlError:
+            pass  # the rest of the status still stands
+    return known if isinstance(known, dict) else {"level": "none", "agents": [], "unavailable": "the daemon did not answer"}
+
+
+async def _subscribe_memory(rpc: RpcConnection) -> str:
+    reply = await rpc.call("subscribe.server", {"memory_pressure": True})
+    if not isinstance(reply, dict) or not reply.get("memory_pressure"):
+        raise CtlError("this daemon does not report memory pressure; is it an older t3d?")
+    return str(reply.get("sub"))
+
+
+async def _next_memory_value(rpc: RpcConnection, sub: str) -> JsonDict:
+    while True:
+        note = await rpc.receive_notification()
+        if note.get("sub") == sub and note.get("kind") == "memory_pressure" and isinstance(note.get("data"), dict):
+            return note["data"]  # type: ignore[no-any-return]
+
+
+async def _memory(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    """`t3d ctl memory`: print the level and the heaviest agents at once and on every change."""
+    async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+        sub = await _subscribe_memory(rpc)
+        while True:
+            value = await _next_memory_value(rpc, sub)
+            out(orjson.dumps(value).decode() + "\n" if args.json else format_memory(value))
+
+
+async def _stop(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    """`t3d ctl stop THREAD [--force]`: interrupt the running turn, or kill the agent."""
+    async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+        if args.force:
+            result = await rpc.call("thread.force_stop", {"thread_id": args.thread})
+        else:
+            result = await rpc.call(
+                "turn.interrupt", {"thread_id": args.thread, "command_id": new_command_id()}
+            )
+    if args.json:
+        out(orjson.dumps(result).decode() + "\n")
+    elif args.force:
+        pid = result.get("pid") if isinstance(result, dict) else None
+        how = f"killed its agent (process group {pid})" if pid else "its turn was cancelled"
+        out(f"thread {args.thread}: {how}; the turn ends cancelled (force_stop)\n")
+    else:
+        out(f"thread {args.thread}: interrupt requested\n")
+    return EXIT_OK
+
+
+async def _threads(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    _, threads = await _fetch_shell(endpoint)
+    shown = [thread for thread in threads if args.all or not thread.get("archived_at")]
+    if args.json:
+        out(orjson.dumps(shown).decode() + "\n")
+    else:
+        out(format_threads_table(shown))
+    return EXIT_OK
