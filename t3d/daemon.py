@@ -47,7 +47,22 @@ class DaemonInfo:
     token_path: str
 
 
-async def run_daemon(settings: Settings, *, task_status: trio.TaskStatus[DaemonInfo] = trio.TASK_STATUS_IGNORED) -> None:
+@attrs.define
+class DaemonControl:
+    """How this daemon stops, decided while it runs (by `t3d serve`'s signal handling and by
+    API calls that ask for a shutdown)."""
+
+    # At shutdown, stop every agent too; otherwise (the default) agents are meant to keep
+    # running under the spawner for the next daemon on this state dir to reattach.
+    stop_agents: bool = False
+
+
+async def run_daemon(
+    settings: Settings,
+    *,
+    control: DaemonControl | None = None,
+    task_status: trio.TaskStatus[DaemonInfo] = trio.TASK_STATUS_IGNORED,
+) -> None:
     started = time.monotonic()
     token, token_path = await trio.to_thread.run_sync(load_or_create_token, settings.state_dir)
     lost: list[BaseException | None] = []
