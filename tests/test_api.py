@@ -32,6 +32,8 @@ from harness import (
 )
 from live_support import merge_chunks, write_flood_fixture
 
+from t3d.domain.model import PROVIDERS, RUNNABLE_PROVIDERS
+
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
 NOT_FOUND, CONFLICT = -32001, -32002
 
@@ -322,7 +324,7 @@ async def test_one_invalid_params_error_names_every_bad_field(
             for field in ("project_id", "provider", "title", "model", "command_id"):
                 assert field in failed.value.message
             assert len(failed.value.data["problems"]) == 5
-            assert "claude, codex, replay" in failed.value.message
+            assert f"provider must be one of {', '.join(RUNNABLE_PROVIDERS)}," in failed.value.message
         daemon.stop()
 
 
@@ -391,8 +393,10 @@ async def test_project_create_and_list(tmp_path: Path, nursery: trio.Nursery) ->
 async def test_thread_create_refuses_what_it_cannot_run(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """thread.create on an unknown project gets -32001; provider "codex" a clear error that it
-    is not available; a worktree workspace outside a git repository a clear error naming it."""
+    """thread.create on an unknown project gets -32001; a provider this build does not run
+    (one of PROVIDERS outside RUNNABLE_PROVIDERS, else an unknown one) a clear error listing
+    only the runnable ones, which are what server.hello lists; a worktree workspace outside a
+    git repository a clear error naming it."""
     with trio.fail_after(20):
         daemon = await start_daemon(nursery, tmp_path / "state")
         async with open_client(daemon) as client:
@@ -402,10 +406,12 @@ async def test_thread_create_refuses_what_it_cannot_run(
             assert "project.create" in failed.value.message
 
             project_id = (await client.call("project.create", path=str(tmp_path)))["project_id"]
+            assert (await client.call("server.hello"))["providers"] == list(RUNNABLE_PROVIDERS)
+            absent = next((p for p in PROVIDERS if p not in RUNNABLE_PROVIDERS), "nope")
             with pytest.raises(RpcFailed) as failed:
-                await client.call("thread.create", project_id=project_id, provider="codex")
+                await client.call("thread.create", project_id=project_id, provider=absent)
             assert failed.value.code == INVALID_PARAMS
-            assert "codex" in failed.value.message and "not available" in failed.value.message
+            assert f"provider must be one of {', '.join(RUNNABLE_PROVIDERS)}, not {absent!r}" in failed.value.message
             with pytest.raises(RpcFailed) as failed:
                 await client.call(
                     "thread.create",

@@ -28,7 +28,7 @@ from t3d.api.jsonrpc import (
     RpcError,
 )
 from t3d.domain import commands as c
-from t3d.domain.model import DECISIONS, PROVIDERS
+from t3d.domain.model import DECISIONS, RUNNABLE_PROVIDERS
 from t3d.errors import DomainError
 from t3d.live.reads import BaseReader
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
@@ -144,7 +144,7 @@ class Methods:
             "protocol": 1,
             "methods": sorted([*self.table, "subscribe.thread", "subscribe.shell", "subscribe.server", "unsubscribe"]),
             "capabilities": ["memory_pressure"],
-            "providers": list(PROVIDERS),
+            "providers": list(RUNNABLE_PROVIDERS),  # only what this build runs
         }
 
     async def project_create(self, p: Params) -> Any:
@@ -166,7 +166,7 @@ class Methods:
 
     async def thread_create(self, p: Params) -> Any:
         project_id = p.str("project_id", max_len=200)
-        provider = p.choice("provider", PROVIDERS)
+        provider = p.choice("provider", RUNNABLE_PROVIDERS)
         title = p.opt_str("title", max_len=500)
         model = p.opt_str("model", max_len=200)
         runtime_mode = p.choice("runtime_mode", RUNTIME_MODES, default="approval-required")

@@ -30,6 +30,7 @@ from t3d.ctl.client import (
 )
 from t3d.ctl.render import ApprovalPrompt, Rendered, TurnRenderer, one_line
 from t3d.ctl.terminal import StdinLines, err, out
+from t3d.domain.model import RUNNABLE_PROVIDERS
 
 THREAD_TITLE_CHARS = 60
 
@@ -38,7 +39,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
     run = commands.add_parser("run", parents=[common], help="run one turn and stream it here")
     run.add_argument("prompt", nargs="+", help="what to ask (words are joined with spaces)")
     run.add_argument(
-        "--provider", choices=("claude", "replay"), help="agent of a new thread (default: claude)"
+        "--provider", choices=RUNNABLE_PROVIDERS, help="agent of a new thread (default: claude)"
     )
     run.add_argument(
         "--project",
