@@ -333,7 +333,8 @@ async def test_unknown_params_are_refused_by_name_on_every_method(
 ) -> None:
     """A param a method does not take is refused (-32602) with its name and the params the
     method takes, on mutating and read methods alike, over the WebSocket and over HTTP; a
-    misspelled field must not silently do nothing. Read methods take no command_id."""
+    misspelled field must not silently do nothing. Read methods take no command_id, and
+    subscribe.shell no turn_limit."""
     with trio.fail_after(20):
         daemon = await start_daemon(nursery, tmp_path / "state")
         async with open_client(daemon) as client:
@@ -348,6 +349,7 @@ async def test_unknown_params_are_refused_by_name_on_every_method(
                 ("server.hello", {"x": 1}),
                 ("requests.pending", {"command_id": "c"}),
                 ("subscribe.shell", {"after": 3}),
+                ("subscribe.shell", {"turn_limit": 3}),  # the shell has no turns to limit
                 ("subscribe.server", {"memory": True}),
                 ("unsubscribe", {"sub": "s1", "all": True}),
                 ("thread.snapshot", {"thread_id": "t", "turnLimit": 1}),

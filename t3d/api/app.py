@@ -351,9 +351,13 @@ class WsConnection:
     async def _subscribe(self, request: rpc.Request) -> None:
         p = rpc.Params(request.params, request.method)
         thread_id = p.str("thread_id", max_len=200) if request.method == "subscribe.thread" else None
-        turn_limit = p.opt_int("turn_limit", default=DEFAULT_TURN_LIMIT, low=1, high=MAX_TURN_LIMIT)
+        turn_limit = (  # the shell has no turns to limit: subscribe.shell refuses turn_limit
+            p.opt_int("turn_limit", default=DEFAULT_TURN_LIMIT, low=1, high=MAX_TURN_LIMIT)
+            if request.method == "subscribe.thread"
+            else DEFAULT_TURN_LIMIT
+        )
         after = p.opt_int("after_sequence", default=None, low=0, high=1 << 62)
         p.check()
-        topic: Literal["thread", "shell"] = "shell" if thread_id is None else "thread"
+        topic: Literal["thread", "shell"] = "thread" if request.method == "subscribe.thread" else "shell"
         await self.feeds.subscribe(request.id, topic, thread_id, turn_limit, after)
 
