@@ -19,6 +19,7 @@ import t3d
 from t3d.config import Settings, environment_help, load_settings
 from t3d.errors import ConfigError, T3dError
 from t3d.gc_tuning import tune_gc
+from t3d.startup_checks import check_settings
 
 SERVE_FLAGS = (
     ("--state-dir", "state_dir", "where the database and token live (T3D_STATE_DIR; default $XDG_STATE_HOME/t3d or ~/.local/state/t3d)"),
@@ -99,7 +100,14 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"t3d: invalid setting: {exc}", file=sys.stderr)
         return 2
+    try:
+        warnings = check_settings(settings, os.environ)
+    except ConfigError as exc:
+        print(f"t3d: invalid setting: {exc}", file=sys.stderr)
+        return 2
     _configure_logging(settings.log_level)
+    for warning in warnings:
+        logging.getLogger("t3d").warning("%s", warning)
     tune_gc()
     try:
         trio.run(_serve, settings)

@@ -160,6 +160,16 @@ def _text(name: str, raw: str) -> str:
     return raw
 
 
+def _program(name: str, raw: str) -> str:
+    """A program: a bare name is looked up on PATH when it runs; a path is made absolute here,
+    since providers run in their thread's directory. Whether it runs is checked at start-up
+    (t3d/startup_checks.py), not here: this module never looks at the disk."""
+    value = _text(name, raw)
+    if "/" not in value and not value.startswith("~"):
+        return value
+    return str(_abs_path(name, value))
+
+
 def _admission_mark(name: str, raw: str) -> int:
     value = _int_in(0, 60000)(name, raw)
     if 0 < value < 30:
@@ -189,7 +199,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "host": ("T3D_HOST", _host),
     "port": ("T3D_PORT", _int_in(0, 65535)),
     "sqlite_reader_pool": ("T3D_SQLITE_READER_POOL", _int_in(1, 32)),
-    "claude_bin": ("T3D_CLAUDE_BIN", _text),
+    "claude_bin": ("T3D_CLAUDE_BIN", _program),
     "replay_fixture": ("T3D_REPLAY_FIXTURE", _abs_path),
     "replay_speed": ("T3D_REPLAY_SPEED", _float_in(0.0, 1000.0)),
     "interrupt_timeout": ("T3D_INTERRUPT_TIMEOUT", _float_in(0.1, 600.0)),
@@ -224,6 +234,12 @@ def load_settings(flags: Mapping[str, Any], environ: Mapping[str, str]) -> Setti
             values[field] = parse(env_name, environ[env_name])
     values.setdefault("state_dir", default_state_dir(environ))
     return Settings(**values)
+
+
+def setting_names(field: str) -> tuple[str, str]:
+    """The flag and the environment variable of the setting ``field`` (``--claude-bin``,
+    ``T3D_CLAUDE_BIN``)."""
+    return "--" + field.replace("_", "-"), _SETTINGS[field][0]
 
 
 def environment_help() -> str:

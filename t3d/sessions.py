@@ -33,6 +33,7 @@ from t3d.pressure.readers import AgentProcess
 from t3d.providers.claude.session import BeforeTurn, ClaudeSession, SessionSpec
 from t3d.providers.pipeline import WritePipeline
 from t3d.spawn.child import Spawner
+from t3d.startup_checks import missing_binary
 from t3d.store.store import Store
 
 log = logging.getLogger("t3d.sessions")
@@ -117,6 +118,10 @@ class Sessions:
                 f"the project directory {cwd} does not exist; recreate it or create the project again with an existing path",
                 "bad_cwd",
             )
+            return None
+        problem = await trio.to_thread.run_sync(missing_binary, thread["provider"], self._settings, os.environ)
+        if problem is not None:  # say how to install it, not just "No such file or directory"
+            await self._fail_turn(effect.turn_id, f"{thread['provider']}: {problem}", "provider_start_failed")
             return None
         spec = self._spec(thread, cwd, resume)
         send, receive = trio.open_memory_channel[ev.Effect](INBOX_SIZE)

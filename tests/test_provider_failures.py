@@ -142,8 +142,9 @@ async def test_a_provider_crash_fails_the_turn_with_its_stderr(
 async def test_a_missing_binary_fails_the_turn_quickly(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """A `claude_bin` that does not exist fails the turn at once with an error naming the binary;
-    the daemon stays healthy and the thread takes another turn (which fails the same way)."""
+    """A `claude_bin` that does not exist fails the turn at once with an error naming the binary
+    and how to install it; the daemon stays healthy and the thread takes another turn (which
+    fails the same way)."""
     with trio.fail_after(10):
         daemon = await start_daemon(nursery, tmp_path / "state", claude_bin="/nonexistent/claude")
         async with open_client(daemon) as client:
@@ -153,6 +154,7 @@ async def test_a_missing_binary_fails_the_turn_quickly(
             assert trio.current_time() - started < 2.0
             assert outcome.turn["status"] == "failed"
             assert "/nonexistent/claude" in outcome.turn["error"], outcome.turn["error"]
+            assert "npm i -g @anthropic-ai/claude-code" in outcome.turn["error"]
             await assert_healthy(daemon)
             again = await run_turn(client, thread_id, "hello again")
             assert again.turn["status"] == "failed"
