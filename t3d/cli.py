@@ -65,7 +65,28 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(flag, dest=dest, default=None, help=text)
     ctl = commands.add_parser("ctl", help="administer a running daemon over its API", description="Administer a running t3d daemon over its API.")
     add_ctl_arguments(ctl)
+    _name_each_parser(parser)
     return parser
+
+
+def _name_each_parser(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command's parser sets ``usage_parser`` to itself when it is chosen, so an
+    unknown argument is reported with the usage of the command it was given to."""
+    parser.set_defaults(usage_parser=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _name_each_parser(sub)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, but ``t3d serve --bogus`` prints serve's usage, not t3d's
+    (argparse leaves arguments no subcommand knows to the top-level parser)."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        chosen: argparse.ArgumentParser = getattr(args, "usage_parser", parser)
+        chosen.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _configure_logging(level: str) -> None:
@@ -136,7 +157,7 @@ def _exit_status(exc: BaseException) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     if args.command == "serve":
         return serve(args)
     from t3d.ctl import run_ctl

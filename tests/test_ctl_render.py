@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from t3d.ctl.admin import stop_outcome
 from t3d.ctl.render import (
     ApprovalPrompt,
     TurnRenderer,
@@ -228,10 +229,52 @@ def test_a_terminal_turn_is_not_reopened_by_an_older_row() -> None:
 
 
 def test_a_queued_turn_says_so_once_on_stderr() -> None:
+    """A turn queued behind its thread's open turn says so once, and when it starts."""
     r = TurnRenderer(TURN)
     first = r.feed_event(turn("queued", queue_reason="thread_busy"))
-    assert "queued (thread_busy)" in first.err
+    assert first.err == "turn queued behind the thread's open turn; it starts when that one ends\n"
     assert r.feed_event(turn("queued", queue_reason="thread_busy")).err == ""
+
+
+def test_a_held_turn_says_what_holds_it() -> None:
+    """A turn held by the daemon says why, by its queue_reason: memory pressure is named as
+    such (not "when the thread is free"), and a new reason is noted once more."""
+    r = TurnRenderer(TURN)
+    held = r.feed_event(turn("queued", queue_reason="memory_pressure")).err
+    assert held.startswith("turn held: memory pressure is severe") and "thread is free" not in held
+    assert r.feed_event(turn("queued", queue_reason="memory_pressure")).err == ""
+    assert "saturated" in r.feed_event(turn("queued", queue_reason="loop_saturated")).err
+    assert "--max-active-turns" in TurnRenderer(TURN).feed_event(turn("queued", queue_reason="max_active_turns")).err
+    assert "(something_new)" in TurnRenderer(TURN).feed_event(turn("queued", queue_reason="something_new")).err
+
+
+def test_an_interrupt_says_whose_it_was() -> None:
+    """A turn interrupted on request ends "interrupted (Ctrl-C here)" when this run sent the
+    interrupt, and "interrupted (turn.interrupt from another client)" when it did not; other
+    interrupted ends keep the daemon's words."""
+    ended = {"reason": "interrupt", "error": "interrupted by the user"}
+    r = TurnRenderer(TURN)
+    r.feed_event(turn("interrupted", **ended))
+    assert r.finish().err == "error: interrupted (turn.interrupt from another client)\n"
+    r = TurnRenderer(TURN)
+    r.feed_event(turn("interrupted", **ended))
+    assert r.finish(interrupted_here=True).err == "error: interrupted (Ctrl-C here)\n"
+    r = TurnRenderer(TURN)
+    r.feed_event(turn("interrupted", reason="server_restart", error="the daemon restarted"))
+    assert r.finish().err == "error: the daemon restarted\n"
+
+
+def test_ctl_stop_says_what_the_daemon_did() -> None:
+    """`ctl stop` reports what thread.force_stop and turn.interrupt answered: a killed agent
+    with or without a running turn, a turn cancelled before its agent, queued turns cancelled."""
+    killed = stop_outcome({"pid": 42, "exit_code": -15, "turn_id": "t1"}, force=True)
+    assert killed == "killed its agent (process group 42, ended by SIGTERM); turn t1 ended cancelled (force_stop)"
+    idle = stop_outcome({"pid": 42, "exit_code": 0, "turn_id": None}, force=True)
+    assert idle == "killed its agent (process group 42, exit status 0); it was idle: no turn was running"
+    early = stop_outcome({"pid": None, "exit_code": None, "turn_id": "t1"}, force=True)
+    assert early == "turn t1 was cancelled before its agent started (force_stop)"
+    assert stop_outcome({"turn_id": "t1", "status": "running"}, force=False) == "asked turn t1 to stop; it ends interrupted"
+    assert "queued turns were cancelled" in stop_outcome({"turn_id": "t2", "status": "cancelled"}, force=False)
 
 
 def test_entities_of_other_turns_are_ignored() -> None:

@@ -89,6 +89,7 @@ async def test_force_stop_kills_exactly_one_of_three_agents_and_records_its_turn
 
             result = await client.call("thread.force_stop", thread_id=b["thread_id"])
             assert result["pid"] == b["pid"] and result["thread_id"] == b["thread_id"]
+            assert result["turn_id"] == b["turn_id"]
             assert not alive(b["pid"])
             assert alive(a["pid"]) and alive(c["pid"])
 
@@ -152,10 +153,34 @@ async def test_force_stop_of_a_thread_without_an_agent_says_so(
             assert idle.value.code == CONFLICT and "no running agent" in str(idle.value.message)
 
 
+async def test_force_stop_of_an_idle_agent_says_no_turn_ran_and_then_nothing_is_left(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """After a completed turn the thread's agent idles: force stop kills it and says no turn
+    was running (turn_id null); force-stopping again finds neither an agent nor a turn and
+    gets conflict, instead of reporting a cancelled turn."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        async with open_client(daemon) as client:
+            seen = client.record_events()
+            project = await client.call("project.create", path=str(tmp_path))
+            thread_id = (await client.call("thread.create", project_id=project["project_id"], provider="replay"))["thread_id"]
+            await client.call("subscribe.thread", thread_id=thread_id)
+            assert (await run_turn(client, thread_id, READ)).turn["status"] == "completed"
+            [pid] = {e["entity"]["pid"] for e in seen if e["kind"] == "session.updated" and e["entity"]["pid"]}
+            result = await client.call("thread.force_stop", thread_id=thread_id)
+            assert (result["pid"], result["turn_id"]) == (pid, None)
+            assert not alive(pid)
+            with pytest.raises(RpcFailed) as again:
+                await client.call("thread.force_stop", thread_id=thread_id)
+            assert again.value.code == CONFLICT and "nothing to stop" in str(again.value.message)
+
+
 async def test_ctl_stop_force_kills_the_agent_and_plain_stop_interrupts(tmp_path: Path) -> None:
     """`t3d ctl stop THREAD --force` (a real process against a real `t3d serve`) kills the
-    thread's agent and its turn ends cancelled; `t3d ctl stop THREAD` on a thread with
-    nothing running fails with the daemon's reason and status 1."""
+    thread's agent and says its turn ended cancelled; `t3d ctl stop THREAD` on a thread with
+    nothing running fails with the daemon's reason and status 1, and so does `--force` again
+    (nothing to stop), printing nothing on stdout."""
     state = tmp_path / "state"
     with trio.fail_after(60):
         async with (
@@ -181,7 +206,8 @@ async def test_ctl_stop_force_kills_the_agent_and_plain_stop_interrupts(tmp_path
                 stdin=subprocess.DEVNULL,
             )
             assert forced.returncode == 0, forced.stderr
-            assert b"killed its agent" in forced.stdout
+            assert b"killed its agent (process group" in forced.stdout
+            assert f"turn {only['turn_id']} ended cancelled (force_stop)".encode() in forced.stdout
             assert not alive(only["pid"])
             ended = await turn_end(client, only["turn_id"])
             assert (ended["status"], ended["reason"]) == ("cancelled", "force_stop")
@@ -189,3 +215,8 @@ async def test_ctl_stop_force_kills_the_agent_and_plain_stop_interrupts(tmp_path
                 ctl, capture_stdout=True, capture_stderr=True, check=False, stdin=subprocess.DEVNULL
             )
             assert plain.returncode == 1 and b"no running or queued turn" in plain.stderr
+            again = await trio.run_process(
+                [*ctl, "--force"], capture_stdout=True, capture_stderr=True, check=False, stdin=subprocess.DEVNULL
+            )
+            assert again.returncode == 1 and b"nothing to stop" in again.stderr, again
+            assert again.stdout == b""

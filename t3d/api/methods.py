@@ -28,7 +28,7 @@ from t3d.api.jsonrpc import (
     RpcError,
 )
 from t3d.domain import commands as c
-from t3d.domain.model import DECISIONS, RUNNABLE_PROVIDERS
+from t3d.domain.model import ACTIVE_TURN_STATUSES, DECISIONS, RUNNABLE_PROVIDERS
 from t3d.errors import DomainError
 from t3d.live.reads import BaseReader
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
@@ -243,15 +243,23 @@ class Methods:
 
     async def thread_force_stop(self, p: Params) -> Any:
         """Kill the thread's agent (its process group: TERM, a grace period, KILL); its
-        running turn ends cancelled (force_stop). Every other agent keeps running."""
+        running turn ends cancelled (force_stop) and is named in ``turn_id`` (None: the agent
+        was idle). Every other agent keeps running; with neither an agent nor a running turn
+        there is nothing to stop (conflict)."""
         thread_id = p.str("thread_id", max_len=200)
         p.check()
         if self._force_stop is None:
             raise RpcError(DOMAIN_CODES["conflict"], "this server runs no agents; nothing to force stop")
+        snapshot = await self._store.snapshot(thread_id, turn_limit=1)
+        running = [t["id"] for t in (snapshot or {}).get("turns", ()) if t["status"] in ACTIVE_TURN_STATUSES]
         try:
-            return await self._force_stop(thread_id)
+            result = await self._force_stop(thread_id)
         except DomainError as exc:
             raise RpcError(DOMAIN_CODES.get(exc.code, DOMAIN_CODES["invalid"]), exc.message) from None
+        if result.get("pid") is None and not running:  # no process and no turn: nothing was stopped
+            raise RpcError(DOMAIN_CODES["conflict"], f"thread {thread_id!r} has no running agent and no running turn; nothing to stop")
+        # The turn that was running when asked (it ends cancelled), or None: the agent was idle.
+        return {**result, "turn_id": running[0] if running else None}
 
     async def request_respond(self, p: Params) -> Any:
         request_id = p.str("request_id", max_len=200)

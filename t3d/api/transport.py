@@ -144,6 +144,22 @@ class TransportStats:
         self._changed = trio.Event()
 
 
+def listen_failure(host: str, port: int, exc: OSError) -> str:
+    """Why ``host:port`` could not be bound, and what to do about it, by errno. Pure."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        hint = "another process listens there; pick another --port (or T3D_PORT) or stop the server that holds it"
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        hint = "no interface of this host has that address; pick one it has with --host (or T3D_HOST), e.g. 127.0.0.1 or ::1"
+    elif exc.errno == errno.EACCES and 0 < port < 1024:
+        hint = "ports below 1024 need privileges; pick a port from 1024 up with --port (or T3D_PORT)"
+    elif exc.errno == errno.EACCES:
+        hint = "this user may not listen there; pick another --port (or T3D_PORT) or --host (or T3D_HOST)"
+    else:
+        hint = "check --host and --port (or T3D_HOST and T3D_PORT)"
+    return f"could not listen on {where}: {exc.strerror or exc}; {hint}"
+
+
 async def serve_api_transport(
     app: App,
     host: str,
@@ -161,10 +177,7 @@ async def serve_api_transport(
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
-        raise ListenError(
-            f"could not listen on {host}:{port}: {exc.strerror or exc}; "
-            "pick another --port (or T3D_PORT) or stop the server that holds it"
-        ) from exc
+        raise ListenError(listen_failure(host, port, exc)) from exc
     if port == 0:
         await _close_all(listeners[1:])
         del listeners[1:]

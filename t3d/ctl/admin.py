@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 import orjson
 import trio
@@ -37,7 +38,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
     stop.add_argument(
         "--force",
         action="store_true",
-        help="kill the agent's process group (TERM, a grace period, KILL); the turn ends cancelled",
+        help="kill the agent's process group (TERM, a grace period, KILL); a running turn ends cancelled",
     )
     stop.set_defaults(handler=_stop)
     memory = commands.add_parser(
@@ -131,13 +132,36 @@ async def _stop(args: argparse.Namespace, endpoint: Endpoint) -> int:
             )
     if args.json:
         out(orjson.dumps(result).decode() + "\n")
-    elif args.force:
-        pid = result.get("pid") if isinstance(result, dict) else None
-        how = f"killed its agent (process group {pid})" if pid else "its turn was cancelled"
-        out(f"thread {args.thread}: {how}; the turn ends cancelled (force_stop)\n")
     else:
-        out(f"thread {args.thread}: interrupt requested\n")
+        out(f"thread {args.thread}: {stop_outcome(result if isinstance(result, dict) else {}, force=args.force)}\n")
     return EXIT_OK
+
+
+def _how_it_ended(code: object) -> str:
+    if not isinstance(code, int):
+        return ""
+    if code < 0:
+        try:
+            return f", ended by {signal.Signals(-code).name}"
+        except ValueError:
+            return f", ended by signal {-code}"
+    return f", exit status {code}"
+
+
+def stop_outcome(result: JsonDict, *, force: bool) -> str:
+    """What `ctl stop` did, from the daemon's answer (thread.force_stop or turn.interrupt)."""
+    turn = result.get("turn_id")
+    if not force:
+        if result.get("status") == "cancelled":
+            return f"no turn was running; its queued turns were cancelled (the first was {turn})"
+        return f"asked turn {turn} to stop; it ends interrupted"
+    pid, code = result.get("pid"), result.get("exit_code")
+    if pid is None:
+        return f"turn {turn} was cancelled before its agent started (force_stop)"
+    killed = f"killed its agent (process group {pid}{_how_it_ended(code)})"
+    if turn is None:
+        return f"{killed}; it was idle: no turn was running"
+    return f"{killed}; turn {turn} ended cancelled (force_stop)"
 
 
 async def _threads(args: argparse.Namespace, endpoint: Endpoint) -> int:

@@ -2,8 +2,8 @@
 
 No trio, no I/O: :class:`TurnRenderer` is fed event dicts (``{"kind",
 "sequence", "entity"}``) and snapshot objects and returns :class:`Rendered`
-text plus the approval questions to ask; the driver in ``commands.py``
-writes the text and asks.
+text plus the approval questions to ask; the driver (``turn.py``) writes
+the text and asks.
 
 Rules of the turn renderer:
 - Only the run's own turn counts; entities of other turns are ignored.
@@ -127,7 +127,7 @@ class TurnRenderer:
         self._asked: set[str] = set()
         self._settled: set[str] = set()
         self._seen: dict[str, JsonDict] = {}  # json_lines: last entity written per id
-        self._queued_noted = False
+        self._queue_reasons_noted: set[str] = set()
 
     @property
     def done(self) -> bool:
@@ -173,17 +173,19 @@ class TurnRenderer:
             self._apply(kind, entity)
         return self._take()
 
-    def finish(self, *, abandoned: bool = False) -> Rendered:
+    def finish(self, *, abandoned: bool = False, interrupted_here: bool = False) -> Rendered:
         """The closing output: end the open line; the final JSON line or error line.
 
         ``abandoned``: the user stopped following a turn that goes on, so
         there is no error to report, only the last state seen (JSON).
+        ``interrupted_here``: this client asked for the interrupt (Ctrl-C), so an
+        interrupted turn is not reported as stopped by another client.
         """
         self._end_line()
         if self.json_lines:
             self._out.append(orjson.dumps({"turn": self.turn}).decode() + "\n")
         elif self.exit_code != 0 and not abandoned:
-            self._err.append(f"error: {final_error(self.turn)}\n")
+            self._err.append(f"error: {final_error(self.turn, interrupted_here=interrupted_here)}\n")
         self._result.settled.extend(sorted(self._asked - self._settled))
         self._settled |= self._asked
         return self._take()
@@ -209,10 +211,10 @@ class TurnRenderer:
         if self.done:
             return  # a terminal status is final; an older row must not reopen it
         self.turn = turn
-        if turn.get("status") == "queued" and not self._queued_noted:
-            self._queued_noted = True
-            reason = turn.get("queue_reason") or "the thread is busy"
-            self._err.append(f"turn queued ({reason}); it starts when the thread is free\n")
+        reason = str(turn.get("queue_reason") or "thread_busy")
+        if turn.get("status") == "queued" and reason not in self._queue_reasons_noted:
+            self._queue_reasons_noted.add(reason)
+            self._err.append(f"{queued_note(reason)}\n")
 
     def _item(self, item: JsonDict) -> None:
         item_id = str(item.get("id"))
@@ -335,10 +337,28 @@ class TurnRenderer:
         return result
 
 
-def final_error(turn: Mapping[str, Any] | None) -> str:
-    """What ended a turn that did not complete, in the daemon's words if it gave any."""
+# What `t3d ctl run` says when its turn waits, by the turn's queue_reason.
+QUEUED_NOTES = {
+    "thread_busy": "turn queued behind the thread's open turn; it starts when that one ends",
+    "memory_pressure": "turn held: memory pressure is severe (see `t3d ctl memory`); it starts once the pressure eases",
+    "loop_saturated": "turn held: the daemon is saturated (its loop lags); it starts once the load eases",
+    "max_active_turns": "turn held: --max-active-turns turns already run; it starts when one of them ends",
+}
+
+
+def queued_note(reason: str) -> str:
+    """Why a turn waits and when it starts, for a ``queued`` turn's ``queue_reason``."""
+    return QUEUED_NOTES.get(reason, f"turn queued ({reason}); it starts when the daemon lets it")
+
+
+def final_error(turn: Mapping[str, Any] | None, *, interrupted_here: bool = False) -> str:
+    """What ended a turn that did not complete, in the daemon's words if it gave any. An
+    interrupt this client did not send came from another one (the daemon's words, "by the
+    user", would name the wrong person)."""
     if turn is None:
         return "the turn ended without a status"
+    if turn.get("status") == "interrupted" and turn.get("reason") == "interrupt":
+        return "interrupted (Ctrl-C here)" if interrupted_here else "interrupted (turn.interrupt from another client)"
     return str(turn.get("error") or turn.get("status") or "unknown")
 
 

@@ -163,7 +163,7 @@ class _TurnSession:
             self._emit(self._renderer.finish(abandoned=True))
             err(f"stopped following; the turn goes on in the daemon (thread {self._thread_id})\n")
             return EXIT_SIGINT
-        self._emit(self._renderer.finish())
+        self._emit(self._renderer.finish(interrupted_here=self._interrupt_sent))
         return self._renderer.exit_code
 
     async def _stream(self) -> None:
