@@ -121,21 +121,27 @@ class Ran:
         return [orjson.loads(line) for line in self.out.splitlines()]
 
 
-async def t3d(*args: str, env: dict[str, str] | None = None) -> Ran:
+async def t3d(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Ran:
     done = await trio.run_process(
-        [T3D, *args], capture_stdout=True, capture_stderr=True, check=False, env=env or clean_env()
+        [T3D, *args],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=env or clean_env(),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
     )
     return Ran(done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
-async def ctl(daemon: Served, *args: str) -> Ran:
+async def ctl(daemon: Served, *args: str, cwd: Path | None = None) -> Ran:
     """`t3d ctl` pointed at ``daemon`` with the common flags (before the subcommand)."""
-    return await t3d("ctl", "--state-dir", str(daemon.state_dir), "--port", str(daemon.port), *args)
+    return await t3d("ctl", "--state-dir", str(daemon.state_dir), "--port", str(daemon.port), *args, cwd=cwd)
 
 
 async def test_help_names_the_commands_and_flags() -> None:
     """`t3d --help`, `t3d serve --help`, `t3d ctl --help` and `t3d ctl run --help` exit 0 and
-    mention their commands and flags."""
+    mention their commands and flags; `t3d ctl --help` lists the exit statuses."""
     expected = {
         (): ["serve", "ctl", "T3D_PORT"],
         ("serve",): [
@@ -146,7 +152,7 @@ async def test_help_names_the_commands_and_flags() -> None:
             "--claude-bin",
             "T3D_STATE_DIR",
         ],
-        ("ctl",): ["status", "threads", "run", "--state-dir", "--port", "--json"],
+        ("ctl",): ["status", "threads", "run", "--state-dir", "--port", "--json", "exit status:"],
         ("ctl", "run"): ["--provider", "--project", "--thread", "--approve", "--json"],
     }
     results: dict[tuple[str, ...], Ran] = {}
@@ -211,6 +217,52 @@ async def test_ctl_run_streams_turns_and_answers_approvals(daemon: Served, tmp_p
         assert [t["status"] for t in snapshot["turns"]] == ["completed"] * 3
         approvals = [i["status"] for i in snapshot["items"] if i["kind"] == "approval_request"]
         assert approvals == ["denied", "allowed"]
+
+
+def readme_demo_output(thread_id: str, state_dir: Path) -> list[str]:
+    """The lines the README shows for its first `t3d ctl run --provider replay` command, with
+    its thread id and state dir replaced by these."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    after = readme.split('t3d ctl run --provider replay "Please READ notes.txt"\n```\n\n```\n', 1)[1]
+    block = after.split("\n```", 1)[0]
+    [shown_id] = THREAD_LINE.findall(block)
+    return block.replace(shown_id, thread_id).replace("/home/you/.local/state/t3d", str(state_dir)).splitlines()
+
+
+async def test_the_replay_demo_runs_in_a_scratch_project_and_says_it_plays_a_recording(
+    daemon: Served, tmp_path: Path
+) -> None:
+    """The README's `t3d ctl run --provider replay "..."`, run inside a git repository, leaves
+    that repository alone (no project, no checkpoint refs): the turn runs in
+    <state dir>/replay-demo, seeded with the notes.txt the recording reads, and says so. The
+    run notes once that the replay ignores the prompt and the answers; results are labelled as
+    recorded, and the recorded edit changes the scratch notes.txt even when denied here. The
+    first run prints exactly what the README shows."""
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    await trio.run_process(["git", "init", "-q", str(repo)])
+    scratch = daemon.state_dir / "replay-demo"
+    with trio.fail_after(60):
+        first = await ctl(daemon, "run", "--provider", "replay", "Please READ notes.txt", cwd=repo)
+        assert first.status == 0, first.err
+        assert f"note: the replay runs in a scratch project, {scratch} (--project DIR runs it elsewhere)" in first.err
+        assert first.err.count("note: replay plays a recorded Claude Code session: it ignores your prompt") == 1
+        [thread_id] = THREAD_LINE.findall(first.err)
+        shown = readme_demo_output(thread_id, daemon.state_dir)
+        on_stderr = [line for line in shown if line.startswith(("note: ", "thread "))]
+        assert first.err.splitlines() == on_stderr  # the README shows what the run prints
+        assert first.out.splitlines() == [line for line in shown if line not in on_stderr]
+        second = await ctl(daemon, "run", "--thread", thread_id, "--approve", "none", "Now EDIT notes.txt", cwd=repo)
+        assert second.status == 0, second.err
+        assert "⏺ Edit(notes.txt)" in second.out  # shortened against the thread's project
+        assert "  ⎿  Denied (the replay goes on as recorded either way)" in second.out
+        assert "  ⎿  recorded: The file " in second.out
+        refs = await trio.run_process(["git", "-C", str(repo), "for-each-ref", "refs/t3d"], capture_stdout=True)
+        assert refs.stdout == b""
+        _, projects = await http(daemon, "POST", "/api/dispatch", {"jsonrpc": "2.0", "id": 1, "method": "project.list"})  # type: ignore[arg-type]
+    paths = [p["path"] for p in projects["result"]["projects"]]
+    assert str(scratch) in paths and str(repo) not in paths
+    assert (scratch / "notes.txt").read_text() == "hello, world\n"
 
 
 async def test_ctl_status_and_threads(daemon: Served, tmp_path: Path) -> None:

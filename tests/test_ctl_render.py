@@ -9,6 +9,7 @@ import orjson
 
 from t3d.ctl.admin import stop_outcome
 from t3d.ctl.render import (
+    REPLAY_NOTE,
     ApprovalPrompt,
     TurnRenderer,
     count_threads,
@@ -426,3 +427,28 @@ def test_threads_table_aligns_columns_oldest_first() -> None:
     assert lines[2].split() == ["t-2", "replay", "running", "12", "340", "second"]
     assert lines[1].index("first") == lines[2].index("second") == lines[0].index("TITLE")
     assert "no threads" in format_threads_table([])
+
+
+def test_a_replay_says_once_that_it_plays_a_recording_and_labels_what_it_plays() -> None:
+    """When the snapshot's thread is a replay, one note says the prompt and the answers do not
+    change what it plays (once, also across a resync's second snapshot); tool results are
+    labelled "recorded:" and an answered prompt says the replay goes on either way. Paths are
+    shortened against the thread's project, found through ``project_dirs``."""
+    r = TurnRenderer(TURN, project_dirs={"p1": CWD})
+    thread = {"id": THREAD, "project_id": "p1", "provider": "replay", "worktree_path": None}
+    first = r.feed_snapshot({"thread": thread, "turns": [], "items": [], "requests": []})
+    assert first.err == REPLAY_NOTE + "\n"
+    assert "ignores your prompt" in REPLAY_NOTE
+    assert r.feed_snapshot({"thread": thread, "turns": [], "items": [], "requests": []}).err == ""
+    assert out_of(r, tool("running")) == "⏺ Read(notes.txt)\n"
+    assert out_of(r, tool("completed", result="1 hello")) == "  ⎿  recorded: 1 hello\n"
+    asked = item("a1", "approval_request", "denied", title="Edit")
+    assert out_of(r, asked) == "  ⎿  Denied (the replay goes on as recorded either way)\n"
+
+
+def test_a_thread_of_another_provider_gets_no_replay_note() -> None:
+    """A claude thread's snapshot adds no note, and its results carry no "recorded:" label."""
+    r = TurnRenderer(TURN, cwd=CWD)
+    thread = {"id": THREAD, "project_id": "p1", "provider": "claude"}
+    assert r.feed_snapshot({"thread": thread, "turns": [], "items": [], "requests": []}).err == ""
+    assert out_of(r, tool("completed", result="1 hello")) == "⏺ Read(notes.txt)\n  ⎿  1 hello\n"

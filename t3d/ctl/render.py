@@ -70,13 +70,21 @@ def tool_line(name: str, tool_input: Any, *, cwd: str | None = None) -> str:
     return f"⏺ {name}({summarize_input(tool_input, cwd=cwd)})"
 
 
-def result_line(result: Any, *, failed: bool) -> str:
-    """``  ⎿  first line of the result`` (``Error: ...`` for a failed call)."""
+def result_line(result: Any, *, failed: bool, recorded: bool = False) -> str:
+    """``  ⎿  first line of the result`` (``Error: ...`` for a failed call; ``recorded: ...``
+    for a replay, whose results are the recording's, whatever was answered here)."""
     text = "" if result is None else str(result)
     lines = [line for line in text.splitlines() if line.strip()]
     first = one_line(lines[0], RESULT_CHARS) if lines else ("failed" if failed else "done")
     more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
-    return f"  ⎿  {'Error: ' if failed and lines else ''}{first}{more}"
+    return f"  ⎿  {'recorded: ' if recorded else ''}{'Error: ' if failed and lines else ''}{first}{more}"
+
+
+# Said once when the run's thread plays a recording (provider ``replay``).
+REPLAY_NOTE = (
+    "note: replay plays a recorded Claude Code session: it ignores your prompt, "
+    "and your answers do not change what it plays"
+)
 
 
 @attrs.frozen
@@ -107,13 +115,22 @@ class TurnRenderer:
 
     ``json_lines`` writes each event of the turn as one JSON line instead of
     human text (snapshot rows only when they differ from what was seen).
-    ``cwd`` shortens paths under the project directory.
+    ``cwd`` shortens paths under the project directory; without it, ``project_dirs``
+    (project id -> path) finds the thread's directory from the snapshot's thread row.
     """
 
-    def __init__(self, turn_id: str, *, json_lines: bool = False, cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        turn_id: str,
+        *,
+        json_lines: bool = False,
+        cwd: str | None = None,
+        project_dirs: Mapping[str, str] | None = None,
+    ) -> None:
         self.turn_id = turn_id
         self.json_lines = json_lines
         self.cwd = cwd
+        self._project_dirs = project_dirs or {}
         self.turn: JsonDict | None = None
         self._out: list[str] = []
         self._err: list[str] = []
@@ -128,6 +145,8 @@ class TurnRenderer:
         self._settled: set[str] = set()
         self._seen: dict[str, JsonDict] = {}  # json_lines: last entity written per id
         self._queue_reasons_noted: set[str] = set()
+        # The run's thread plays a recording (known from the snapshot's thread row).
+        self.replay = False
 
     @property
     def done(self) -> bool:
@@ -154,6 +173,13 @@ class TurnRenderer:
 
     def feed_snapshot(self, snapshot: Mapping[str, Any]) -> Rendered:
         """A snapshot object (or chunk): ``thread``, ``turns``, ``items``, ``requests``."""
+        thread = snapshot.get("thread")
+        if isinstance(thread, dict):
+            if self.cwd is None:
+                self.cwd = thread.get("worktree_path") or self._project_dirs.get(str(thread.get("project_id")))
+            if thread.get("provider") == "replay" and not self.replay:
+                self.replay = True
+                self._err.append(REPLAY_NOTE + "\n")
         # Items by ordinal, so that text and tool lines come out in transcript order;
         # requests after items, so that a question can name its tool; the turn
         # last, so that a finished turn ends the run after its items.
@@ -238,10 +264,11 @@ class TurnRenderer:
                 )
             if status in ("completed", "failed") and self._finish(item_id):
                 failed = status == "failed" or bool(data.get("is_error"))
-                self._line(result_line(data.get("result"), failed=failed))
+                self._line(result_line(data.get("result"), failed=failed, recorded=self.replay))
         elif kind == "approval_request":
             if status in ("allowed", "denied") and self._finish(item_id):
-                self._line(f"  ⎿  {str(status).capitalize()}")
+                either_way = " (the replay goes on as recorded either way)" if self.replay else ""
+                self._line(f"  ⎿  {str(status).capitalize()}{either_way}")
         elif kind == "reasoning":
             if status == "completed" and item.get("text") and self._finish(item_id):
                 self._line(f"✻ {one_line(str(item.get('text')), SUMMARY_CHARS)}")

@@ -17,6 +17,7 @@ from typing import Any
 
 import trio
 
+from t3d.config import load_settings
 from t3d.ctl.client import (
     EXIT_SIGINT,
     CtlError,
@@ -33,6 +34,11 @@ from t3d.ctl.terminal import StdinLines, err, out
 from t3d.domain.model import RUNNABLE_PROVIDERS
 
 THREAD_TITLE_CHARS = 60
+# The project of a replay run given no --project, under the state dir: the demo leaves the
+# directory it runs in alone (it would become a project, with checkpoint refs in its repo).
+REPLAY_SCRATCH = "replay-demo"
+# What the recording reads, so that its recorded edit changes a real file there.
+REPLAY_SEED = {"notes.txt": "hello\n"}
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -44,7 +50,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
     run.add_argument(
         "--project",
         metavar="PATH",
-        help="project directory of a new thread (default: the current one)",
+        help="project directory of a new thread (default: the current one; for --provider "
+        f"replay, a scratch directory <state dir>/{REPLAY_SCRATCH})",
     )
     run.add_argument(
         "--thread", metavar="ID", help="continue this thread instead of starting a new one"
@@ -70,7 +77,11 @@ async def _run(args: argparse.Namespace, endpoint: Endpoint) -> int:
     prompt = " ".join(args.prompt).strip()
     if not prompt:
         raise CtlError('the prompt is empty; say what to do: t3d ctl run "fix the failing test"')
-    project, is_dir = await trio.to_thread.run_sync(_project_dir, args.project)
+    if args.thread is None and args.project is None and args.provider == "replay":
+        project, is_dir = await trio.to_thread.run_sync(_replay_scratch, args.state_dir)
+        err(f"note: the replay runs in a scratch project, {project} (--project DIR runs it elsewhere)\n")
+    else:
+        project, is_dir = await trio.to_thread.run_sync(_project_dir, args.project)
     if args.thread is None and not is_dir:
         raise CtlError(f"--project {project} is not a directory; give the project's directory")
     if args.thread is not None and (args.model or args.provider or args.project):
@@ -85,6 +96,7 @@ async def _run(args: argparse.Namespace, endpoint: Endpoint) -> int:
                 f"the server at {endpoint.url} is not a t3d daemon (server.hello said {hello!r})"
             )
         thread_id = args.thread or await _create_thread(rpc, args, project, prompt)
+        project_dirs = await _project_dirs(rpc) if args.thread else {}
         err(f"thread {thread_id}\n")
         # Subscribe before starting the turn, so that none of its events is missed.
         sub = _field(
@@ -94,7 +106,10 @@ async def _run(args: argparse.Namespace, endpoint: Endpoint) -> int:
             "turn.start", {"thread_id": thread_id, "text": prompt, "command_id": new_command_id()}
         )
         renderer = TurnRenderer(
-            str(_field(started, "turn_id", "turn.start")), json_lines=args.json, cwd=project
+            str(_field(started, "turn_id", "turn.start")),
+            json_lines=args.json,
+            cwd=None if args.thread else project,
+            project_dirs=project_dirs,
         )
         session = _TurnSession(
             rpc,
@@ -111,6 +126,27 @@ def _project_dir(given: str | None) -> tuple[str, bool]:
     """The project directory made absolute (not resolved: the daemon keys projects by path)."""
     path = os.path.abspath(os.path.expanduser(given or os.getcwd()))
     return path, os.path.isdir(path)
+
+
+async def _project_dirs(rpc: RpcConnection) -> dict[str, str]:
+    """Project id -> directory, so that a continued thread's paths are shown relative to it."""
+    listed = await rpc.call("project.list", {})
+    projects = listed.get("projects") if isinstance(listed, dict) else None
+    return {str(p.get("id")): str(p.get("path")) for p in projects or () if isinstance(p, dict)}
+
+
+def _replay_scratch(state_dir: str | None) -> tuple[str, bool]:
+    """The replay's scratch project under the state dir, made (with the file the recording
+    reads) if it is not there yet."""
+    path = load_settings({"state_dir": state_dir}, os.environ).state_dir / REPLAY_SCRATCH
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        for name, text in REPLAY_SEED.items():
+            if not (path / name).exists():
+                (path / name).write_text(text)
+    except OSError as exc:
+        raise CtlError(f"could not make the replay's scratch project {path}: {exc.strerror or exc}; pass --project DIR") from None
+    return str(path), True
 
 
 async def _create_thread(
