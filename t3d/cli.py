@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import trio
 
@@ -65,6 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(flag, dest=dest, default=None, help=text)
     ctl = commands.add_parser("ctl", help="administer a running daemon over its API", description="Administer a running t3d daemon over its API.")
     add_ctl_arguments(ctl)
+    described = commands.add_parser(
+        "schema",
+        help="print the API's JSON Schema (or write it as files)",
+        description="The JSON Schema (draft-07) of every JSON-RPC method's params and result and of the "
+        "notifications, as GET /api/schema serves it. Printed on stdout, or with --out written to "
+        "DIR: t3d_api.schemas.json (the whole) and one self-contained file per type.",
+    )
+    described.add_argument("--out", metavar="DIR", help="write the files into DIR (made if missing)")
     _name_each_parser(parser)
     return parser
 
@@ -156,10 +165,33 @@ def _exit_status(exc: BaseException) -> int:
     raise exc
 
 
+def write_schema(out: str | None) -> int:
+    """`t3d schema [--out DIR]`."""
+    import orjson
+
+    from t3d.api import schema
+
+    if out is None:
+        sys.stdout.write(orjson.dumps(schema.document(), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    directory = Path(out)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, body in schema.files().items():
+            (directory / name).write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        print(f"t3d: could not write the schema into {directory}: {exc.strerror or exc}; give a writable --out", file=sys.stderr)
+        return 1
+    print(f"t3d: wrote {len(schema.files())} files into {directory}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(build_parser(), argv)
     if args.command == "serve":
         return serve(args)
+    if args.command == "schema":
+        return write_schema(args.out)
     from t3d.ctl import run_ctl
 
     return run_ctl(args)

@@ -33,6 +33,7 @@ import trio_websocket
 
 from t3d import waits
 from t3d.api import jsonrpc as rpc
+from t3d.api import schema
 from t3d.api.auth import bearer_ok, origin_allowed
 from t3d.api.feeds import Feeds
 from t3d.api.methods import Methods, thread_not_found
@@ -95,6 +96,7 @@ class ApiApp:
         self._token = token
         self._health = health
         self._bound = bound
+        self._schema: bytes | None = None
 
     def live_statistics(self) -> dict[str, int]:
         """For /api/health: what the open WebSocket connections hold for their clients,
@@ -151,6 +153,11 @@ class ApiApp:
                 return _error(503, "spawner_unavailable", str(exc))
         if r.method == "POST" and r.path == "/api/dispatch":
             return await self._dispatch(r.body)
+        if r.method == "GET" and r.path == "/api/schema":
+            _only_query(r, ())
+            if self._schema is None:  # built once, on first ask (t3d/api/schema.py)
+                self._schema = orjson.dumps(schema.document())
+            return HttpResponse(200, self._schema)
         return _error(404, "not_found", f"no route for {r.method} {r.path}; see the README for the HTTP API")
 
     async def _dispatch(self, frame: bytes) -> HttpResponse:

@@ -1,0 +1,426 @@
+"""The API as JSON Schema (draft-07): every method's params and result, and the notifications.
+
+`METHODS` is the one declarative table of the JSON-RPC methods: their params (as the
+handlers read them, in order; mutating methods also take ``command_id``) and their results.
+Entities come from the domain's attrs classes (t3d/domain/model.py) and choices from the
+code that checks them, so neither is written twice. `document()` is the whole description
+(``GET /api/schema``, ``t3d schema``); `files()` splits it one file per type, each with the
+definitions it uses, the way ``codex app-server generate-json-schema`` ships its protocol.
+
+tests/test_schema.py holds this table to the live methods: every method server.hello lists
+has an entry, the params each one takes are its entry's properties, and real results
+validate. A method added without an entry fails there.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import t3d
+from t3d.api.methods import MAX_PATH, MUTATING, RUNTIME_MODES
+from t3d.api.schema_types import (
+    DRAFT,
+    Field,
+    Schema,
+    array,
+    boolean,
+    closure,
+    const,
+    entity_schema,
+    enum,
+    integer,
+    nullable,
+    obj,
+    opt,
+    ref,
+    req,
+    string,
+)
+from t3d.domain.events import EventKind
+from t3d.domain.model import (
+    DECISIONS,
+    RUNNABLE_PROVIDERS,
+    Checkpoint,
+    Project,
+    ProviderSession,
+    RuntimeRequest,
+    Thread,
+    Turn,
+    TurnItem,
+    TurnStatus,
+)
+from t3d.git.checkpoints import DIFF_PAGE
+from t3d.pressure.core import LEVELS
+from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
+
+# --- shared pieces ------------------------------------------------------------------------
+
+ID = string(200)
+SEQUENCE = integer(0)
+COMMAND_ID = opt(string(200), "client-minted id that makes a retry safe: the same id and params return the first result")
+THREAD_ID = req(ID, "the thread's id")
+TURN_STATUS = enum(get_args(TurnStatus))
+WORKSPACE = {
+    "description": '"root" (the project directory) or a new worktree of the project\'s repository',
+    "oneOf": [
+        const("root"),
+        obj({"worktree": req(obj({"base_ref": opt(string(200)), "branch": opt(string(200))}))}),
+    ],
+}
+MUTATION = {"sequence": req(nullable(SEQUENCE), "the global sequence after the command's events (null: nothing was written)")}
+EVENT_KINDS: tuple[str, ...] = (*get_args(EventKind), "shell.updated", "shell.removed")
+
+
+def entity_definitions() -> dict[str, Schema]:
+    counts = {"turn_count": req(integer(0)), "item_count": req(integer(0))}
+    return {
+        "Project": entity_schema(Project),
+        "Thread": entity_schema(Thread),
+        "ShellThread": entity_schema(Thread, extra=counts, description="a thread's row in the shell, with its maintained counts"),
+        "Turn": entity_schema(Turn),
+        "TurnItem": entity_schema(TurnItem),
+        "RuntimeRequest": entity_schema(RuntimeRequest),
+        "ProviderSession": entity_schema(ProviderSession),
+        "Checkpoint": entity_schema(Checkpoint),
+        "Gone": obj({"id": req(ID)}, title="Gone", description="what remains of a deleted thread or a shell row that left"),
+    }
+
+
+SNAPSHOT = obj(
+    {
+        "sequence": req(SEQUENCE),
+        "thread": req(ref("Thread")),
+        "turns": req(array(ref("Turn"))),
+        "items": req(array(ref("TurnItem"))),
+        "requests": req(array(ref("RuntimeRequest")), "pending requests"),
+        "has_more": req(boolean(), "older turns were left out"),
+        "before": req(nullable(integer(1)), "pass as before to page older turns"),
+    },
+    title="ThreadSnapshot",
+)
+STREAMED = obj(
+    {"sequence": req(SEQUENCE), "chunks": req(integer(1), "snapshot.chunk notifications sent before this reply")},
+    title="Streamed",
+)
+SUBSCRIBED = {
+    "sub": req(string(50)),
+    "sequence": req(SEQUENCE),
+    "base": req(enum(("snapshot", "replay")), "what follows the reply: snapshot.chunk... snapshot.end, or replayed events then synced"),
+}
+
+
+# --- the methods ---------------------------------------------------------------------------
+
+
+class Method:
+    def __init__(self, description: str, params: dict[str, Field], result: Schema) -> None:
+        self.description = description
+        self.params = params
+        self.result = result
+
+
+METHODS: dict[str, Method] = {
+    "server.hello": Method(
+        "What this server is and offers.",
+        {},
+        obj({
+            "server": req(const("t3d")), "version": req(string()), "protocol": req(integer(1)),
+            "methods": req(array(string())), "capabilities": req(array(string())),
+            "providers": req(array(enum(RUNNABLE_PROVIDERS)), "the providers this build runs"),
+        }),
+    ),
+    "project.create": Method(
+        "Make a project of an existing directory; a path that is already a project returns it.",
+        {"path": req(string(4096), "absolute path of an existing directory"), "title": opt(string(500)), "project_id": opt(ID)},
+        obj({"project_id": req(ID), **MUTATION, "existed": opt(const(True), "the path was already a project")}),
+    ),
+    "project.list": Method("Every project.", {}, obj({"projects": req(array(ref("Project")))})),
+    "thread.create": Method(
+        "A new thread in a project, run by one provider.",
+        {
+            "project_id": req(ID), "provider": req(enum(RUNNABLE_PROVIDERS)), "title": opt(string(500)),
+            "model": opt(string(200)),
+            "runtime_mode": opt(enum(RUNTIME_MODES), "what the agent may do without asking (default approval-required)"),
+            "thread_id": opt(ID), "workspace": opt(WORKSPACE),
+        },
+        obj({
+            "thread_id": req(ID), **MUTATION,
+            "checkpoints": opt(obj({
+                "enabled": req(boolean()), "reason": opt(string(), "why there are none (a plain directory)"),
+                "repository": opt(string(), "top directory of the checkout the turns run in"),
+                "in_process": opt(boolean(), "t3d reads its refs and commits itself"),
+                "unusual": opt(nullable(string()), "why git reads them instead (reftable, shallow...)"),
+            })),
+        }),
+    ),
+    "thread.rename": Method("Retitle a thread.", {"thread_id": THREAD_ID, "title": req(string(500))}, obj({"thread_id": req(ID), **MUTATION})),
+    "thread.archive": Method(
+        "Archive a thread: its open turns are cancelled and its agent stops.",
+        {"thread_id": THREAD_ID},
+        obj({"thread_id": req(ID), **MUTATION}),
+    ),
+    "thread.delete": Method(
+        "Delete a thread, its worktree (if clean, or with force) and its checkpoint refs.",
+        {"thread_id": THREAD_ID, "remove_worktree": opt(boolean(), "default true"), "force": opt(boolean(), "delete a dirty worktree too")},
+        obj({
+            "thread_id": req(ID), **MUTATION,
+            "worktree": opt(obj({"removed": req(boolean()), "discarded": opt(integer(0)), "reason": opt(string())})),
+            "checkpoint_refs_removed": opt(integer(0)),
+            "checkpoint_refs_error": opt(string(), "the refs could not be removed: why, and how to list them"),
+        }),
+    ),
+    "thread.move": Method(
+        "Move an idle thread to the project root or a new worktree; its agent resumes there.",
+        {"thread_id": THREAD_ID, "workspace": opt(WORKSPACE, 'default "root"')},
+        obj({"thread_id": req(ID), "worktree_path": req(nullable(string())), "branch": req(nullable(string())), **MUTATION}),
+    ),
+    "thread.snapshot": Method(
+        "A thread's last turns (and every open one) with their items and pending requests. On a "
+        "WebSocket it is streamed as snapshot.chunk notifications and the reply is Streamed.",
+        {
+            "thread_id": THREAD_ID,
+            "turn_limit": opt(integer(1, MAX_TURN_LIMIT), f"default {DEFAULT_TURN_LIMIT}"),
+            "before": opt(integer(1, 1 << 62), "a previous page's before: the page of older turns"),
+        },
+        {"oneOf": [ref("Streamed"), ref("ThreadSnapshot")]},
+    ),
+    "turn.start": Method(
+        "Start a turn (queued behind an open turn of the thread).",
+        {"thread_id": THREAD_ID, "text": req(string(1_000_000)), "turn_id": opt(ID)},
+        obj({"turn_id": req(ID), "status": req(enum(("starting", "queued"))), **MUTATION}),
+    ),
+    "turn.interrupt": Method(
+        "Interrupt the running turn, or cancel the queued ones when none runs.",
+        {"thread_id": THREAD_ID},
+        obj({"turn_id": req(ID), "status": req(TURN_STATUS), **MUTATION}),
+    ),
+    "thread.force_stop": Method(
+        "Kill the thread's agent process group; its running turn ends cancelled.",
+        {"thread_id": THREAD_ID},
+        obj({
+            "thread_id": req(ID),
+            "pid": req(nullable(integer()), "the killed process group (null: the turn had no agent yet)"),
+            "exit_code": req(nullable(integer())),
+            "turn_id": req(nullable(ID), "the turn that was running (null: the agent was idle)"),
+        }),
+    ),
+    "request.respond": Method(
+        "Answer a pending permission request.",
+        {"request_id": req(ID), "decision": req(enum(DECISIONS)), "message": opt(string(10_000))},
+        obj({"request_id": req(ID), **MUTATION}),
+    ),
+    "requests.pending": Method(
+        "Pending requests, of one thread or all.",
+        {"thread_id": opt(ID)},
+        obj({"requests": req(array(ref("RuntimeRequest")))}),
+    ),
+    "item.detail": Method(
+        "The full stored value of an item or a request, or of one of its fields.",
+        {
+            "item_id": opt(string(400)), "request_id": opt(string(400), "give exactly one of item_id and request_id"),
+            "path": opt(array({"type": ["string", "integer"]}, MAX_PATH), 'keys and indexes, e.g. ["data", "output"]'),
+        },
+        obj({"id": req(string()), "path": req(array({"type": ["string", "integer"]})), "value": req({})}),
+    ),
+    "checkpoint.diff": Method(
+        "The unified diff between two checkpoints of a thread, in pages.",
+        {
+            "thread_id": THREAD_ID,
+            "from_ordinal": req(integer(0, 1 << 31), "0 is the state before the first turn"),
+            "to_ordinal": req(integer(0, 1 << 31)),
+            "offset": opt(integer(0, 1 << 40)), "limit": opt(integer(1024, DIFF_PAGE)),
+        },
+        obj({
+            "thread_id": req(ID), "from_ordinal": req(integer(0)), "to_ordinal": req(integer(0)),
+            "diff": req(string()), "offset": req(integer(0)),
+            "next_offset": req(nullable(integer(0)), "null on the last page"),
+            "total_chars": req(integer(0)), "truncated": req(boolean(), "git's output passed its 8 MiB cap"),
+        }),
+    ),
+    "checkpoint.revert": Method(
+        "Restore a thread's files to a checkpoint; later turns are marked reverted.",
+        {"thread_id": THREAD_ID, "ordinal": req(integer(0, 1 << 31), "0 is the state before the first turn")},
+        obj({
+            "thread_id": req(ID), "ordinal": req(integer(0)), "turns_changed": req(integer(0)), **MUTATION,
+            "restored": req(integer(0)), "deleted": req(integer(0)), "commit": req(string()), "directory": req(string()),
+        }),
+    ),
+    "subscribe.thread": Method(
+        "Follow a thread: a base (snapshot or replay), then its events. WebSocket only.",
+        {
+            "thread_id": THREAD_ID,
+            "turn_limit": opt(integer(1, MAX_TURN_LIMIT), f"default {DEFAULT_TURN_LIMIT}"),
+            "after_sequence": opt(integer(0, 1 << 62), "the last seq processed: replay the gap if it is small"),
+        },
+        obj(SUBSCRIBED),
+    ),
+    "subscribe.shell": Method(
+        "Follow every project and every thread's row. WebSocket only.",
+        {"after_sequence": opt(integer(0, 1 << 62))},
+        obj(SUBSCRIBED),
+    ),
+    "subscribe.server": Method(
+        "Server-wide notices: memory_pressure for a subscription that opts in. WebSocket only.",
+        {"memory_pressure": opt(boolean())},
+        obj({"sub": req(string(50)), "memory_pressure": req(boolean(), "memory_pressure notifications follow")}),
+    ),
+    "unsubscribe": Method("End a subscription.", {"sub": req(string(50))}, obj({"sub": req(string(50))})),
+}
+
+
+def type_name(method: str) -> str:
+    """``thread.force_stop`` -> ``ThreadForceStop``."""
+    return "".join(part[:1].upper() + part[1:] for part in method.replace("_", ".").split("."))
+
+
+def params_schema(method: str) -> Schema:
+    spec = METHODS[method]
+    fields = {"command_id": COMMAND_ID, **spec.params} if method in MUTATING else spec.params
+    return obj(fields, title=f"{type_name(method)}Params", description=spec.description)
+
+
+# --- notifications -------------------------------------------------------------------------
+
+
+def _event_data() -> Schema:
+    by_kind = {
+        "project.updated": "Project", "thread.updated": "Thread", "thread.deleted": "Thread",
+        "turn.updated": "Turn", "item.updated": "TurnItem", "request.updated": "RuntimeRequest",
+        "session.updated": "ProviderSession", "checkpoint.updated": "Checkpoint",
+        "shell.updated": "ShellThread", "shell.removed": "Gone",
+    }  # fmt: skip
+    assert set(by_kind) == set(EVENT_KINDS), "every event kind needs its entity here"
+    entity = {"thread.deleted": {"oneOf": [ref("Thread"), ref("Gone")]}}
+    return {
+        "title": "Event",
+        "oneOf": [
+            obj({"kind": req(const(kind)), "sequence": req(nullable(SEQUENCE)), "entity": req(entity.get(kind, ref(name)))})
+            for kind, name in by_kind.items()
+        ],
+    }
+
+
+def _sub(kind: str, data: Schema, description: str) -> Schema:
+    params = obj({"sub": req(string(50)), "kind": req(const(kind)), "seq": req(SEQUENCE), "data": req(data)})
+    return obj({"jsonrpc": req(const("2.0")), "method": req(const("sub")), "params": req(params)}, description=description)
+
+
+def notification_definitions() -> dict[str, Schema]:
+    thread_chunk = obj(
+        {
+            "turns": req(array(ref("Turn"))), "items": req(array(ref("TurnItem"))), "requests": req(array(ref("RuntimeRequest"))),
+            "sequence": opt(SEQUENCE), "thread": opt(ref("Thread")), "has_more": opt(boolean()), "before": opt(nullable(integer(1))),
+        },
+        title="ThreadSnapshotChunk",
+        description="concatenate the lists of all chunks in order; the first chunk also holds the other fields",
+    )
+    shell_chunk = obj(
+        {"projects": req(array(ref("Project"))), "threads": req(array(ref("ShellThread"))), "sequence": opt(SEQUENCE)},
+        title="ShellSnapshotChunk",
+    )
+    chunk = {"oneOf": [ref("ThreadSnapshotChunk"), ref("ShellSnapshotChunk")]}
+    memory = obj(
+        {
+            "level": req(enum(LEVELS)),
+            "agents": req(array(obj({"thread_id": req(ID), "memory_bytes": req(integer(0)), "source": req(enum(("scope", "pss")))}))),
+            "unavailable": opt(string(), "why memory pressure cannot be read"),
+        },
+        title="MemoryPressure",
+    )
+    notifications = {
+        "SnapshotChunkNotification": _sub("snapshot.chunk", chunk, "a piece of a subscription's snapshot (at most 256 KiB)"),
+        "SnapshotEndNotification": _sub("snapshot.end", ref("Streamed"), "the snapshot is whole; live events follow"),
+        "EventNotification": _sub("event", ref("Event"), "one committed change, newer than the base"),
+        "SyncedNotification": _sub("synced", obj({"sequence": req(SEQUENCE), "replayed": req(integer(0))}), "the replayed gap is closed"),
+        "ResyncNotification": _sub("resync", obj({"reason": req(string())}), "the subscriber fell behind; a fresh snapshot follows"),
+        "MemoryPressureNotification": _sub("memory_pressure", ref("MemoryPressure"), "the memory-pressure level, at once and on each change"),
+        "ReplyChunkNotification": obj(
+            {
+                "jsonrpc": req(const("2.0")), "method": req(const("snapshot.chunk")),
+                "params": req(obj({"id": req({"type": ["string", "integer"]}), "seq": req(SEQUENCE), "data": req(ref("ThreadSnapshotChunk"))})),
+            },
+            description="a piece of a thread.snapshot reply on a WebSocket, naming the request it answers",
+        ),
+    }
+    return {
+        "Event": _event_data(),
+        "ThreadSnapshotChunk": thread_chunk,
+        "ShellSnapshotChunk": shell_chunk,
+        "MemoryPressure": memory,
+        **notifications,
+        "ServerNotification": {"title": "ServerNotification", "oneOf": [ref(name) for name in notifications]},
+    }
+
+
+# --- the document ----------------------------------------------------------------------------
+
+
+def _envelopes() -> dict[str, Schema]:
+    request_id = {"type": ["string", "integer"]}
+    requests = [
+        obj(
+            {
+                "jsonrpc": req(const("2.0")), "id": opt(request_id, "absent for a notification (no reply)"),
+                "method": req(const(method)), "params": opt(ref(f"{type_name(method)}Params")),
+            },
+            title=f"{type_name(method)}Request",
+        )
+        for method in METHODS
+    ]
+    error = obj(
+        {
+            "code": req(integer(), "-32700 parse, -32600 request, -32601 method, -32602 params, -32603 internal, "
+                    "-32001 not found, -32002 conflict, -32003 unavailable"),
+            "message": req(string()), "data": opt({}, "for -32602: problems, every one at once"),
+        },
+        title="JSONRPCErrorError",
+    )  # fmt: skip
+    return {
+        "ClientRequest": {"title": "ClientRequest", "oneOf": requests},
+        "JSONRPCErrorError": error,
+        "JSONRPCError": obj({"jsonrpc": req(const("2.0")), "id": req(nullable(request_id)), "error": req(ref("JSONRPCErrorError"))}),
+    }
+
+
+def definitions() -> dict[str, Schema]:
+    found: dict[str, Schema] = {**entity_definitions(), "ThreadSnapshot": SNAPSHOT, "Streamed": STREAMED}
+    for method, spec in METHODS.items():
+        found[f"{type_name(method)}Params"] = params_schema(method)
+        found[f"{type_name(method)}Result"] = {"title": f"{type_name(method)}Result", **spec.result}
+    found.update(notification_definitions())
+    found.update(_envelopes())
+    return found
+
+
+def document() -> Schema:
+    """The whole description, one JSON Schema document with every type under definitions."""
+    return {
+        "$schema": DRAFT,
+        "title": "t3d API",
+        "description": (
+            f"t3d {t3d.__version__}, protocol 1: JSON-RPC 2.0 over the WebSocket /ws (one object per text "
+            "frame) and POST /api/dispatch. A client sends ClientRequest; each method's params are "
+            "<Method>Params and its result <Method>Result; the server pushes ServerNotification."
+        ),
+        "x-t3d-methods": {
+            method: {"params": f"{type_name(method)}Params", "result": f"{type_name(method)}Result", "mutating": method in MUTATING}
+            for method in METHODS
+        },
+        "definitions": definitions(),
+    }
+
+
+def files() -> dict[str, Any]:
+    """File name -> content: the whole document, and one self-contained file per method's
+    params and result, ClientRequest and ServerNotification."""
+    found = definitions()
+    names = [f"{type_name(m)}{part}" for m in METHODS for part in ("Params", "Result")]
+    out: dict[str, Any] = {"t3d_api.schemas.json": document()}
+    for name in [*names, "ClientRequest", "ServerNotification"]:
+        used = closure(name, found)
+        body: dict[str, Any] = {"$schema": DRAFT, **used.pop(name)}
+        if used:
+            body["definitions"] = dict(sorted(used.items()))
+        out[f"{name}.json"] = body
+    return out
+
