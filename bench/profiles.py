@@ -1,4 +1,4 @@
-"""Load profiles (DESIGN.md §12, issue 3) and the arithmetic that depends only on them. Pure.
+"""Load profiles (docs/benchmarks.md) and the arithmetic that depends only on them. Pure.
 
 A profile says what the clients do; the session count, warm-up and window come from the
 command line (each profile has defaults). Numbers the issue leaves open are chosen here,

@@ -1,4 +1,4 @@
-"""`run_daemon`: the supervision tree (DESIGN.md §2), read top-down.
+"""`run_daemon`: the supervision tree (docs/architecture.md, The supervision tree), read top-down.
 
 Start order is the order below; shutdown runs it backwards: the API stops
 taking requests, effects stop, provider sessions are stopped (bounded), and

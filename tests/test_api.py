@@ -2,7 +2,7 @@
 
 Every test runs `run_daemon` in-process on 127.0.0.1 port 0 with a temp state
 dir, the real SQLite file and the replay provider as real subprocesses
-(DESIGN.md §5, §6). Each test states the behaviour it pins.
+(README "The API"; docs/architecture.md, API). Each test states the behaviour it pins.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""Admission: the saturation gate and the active-turn cap (DESIGN.md §10)."""
+"""Admission: the saturation gate and the active-turn cap (docs/architecture.md, Running turns)."""

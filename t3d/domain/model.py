@@ -1,7 +1,7 @@
 """Domain entities: what a thread, a turn, an item and a request are.
 
 Entities are frozen attrs classes; every change makes a new value and an
-event that carries the whole entity (DESIGN.md §3), so a projection is always
+event that carries the whole entity (docs/architecture.md, Domain), so a projection is always
 "replace the row". Ids are strings; clients mint the ids of what they create.
 Times are seconds since the epoch (float), supplied by the caller so the
 domain stays pure and testable.

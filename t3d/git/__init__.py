@@ -1,4 +1,4 @@
-"""Git for threads (DESIGN.md §9): worktrees, per-turn checkpoints, diff and revert.
+"""Git for threads (docs/architecture.md, Git): worktrees, per-turn checkpoints, diff and revert.
 
 repo.py reads ordinary repositories in-process; refs.py runs git through the spawner
 (and reads unusual repositories through it); checkpoints.py plans the commands (pure);

@@ -10,7 +10,7 @@ Rules:
   says so with the reason, as do ``checkpoint.diff`` and ``checkpoint.revert``; turns
   there record nothing (no item per turn repeating it).
 - Captures run as tasks of their own, at most `workers` at once, and half of that while
-  admission says the loop is saturated (DESIGN.md §10); at most `MAX_PENDING` wait, and a
+  admission says the loop is saturated (docs/architecture.md, Running turns); at most `MAX_PENDING` wait, and a
   capture beyond that is recorded as an error (the bound's policy), never queued unbounded.
 - A baseline failure is logged and the turn starts anyway: its capture then says what
   its files are counted against (or that there is no baseline).

@@ -197,5 +197,5 @@ class PressureSampler:
 async def run_pressure_sampler(
     sampler: PressureSampler, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Sample memory pressure while someone wants it (DESIGN.md §2)."""
+    """Sample memory pressure while someone wants it (docs/architecture.md, Watching the host)."""
     await sampler.run(task_status=task_status)

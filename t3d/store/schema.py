@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import apsw
 
-# Each setting with its reason (apsw's bestpractice, DESIGN.md §4; README "Durability").
+# Each setting with its reason (apsw's bestpractice, docs/architecture.md, Store; README "Durability").
 WRITER_PRAGMAS = (
     "PRAGMA journal_mode=WAL",  # readers never block the writer, nor it them
     "PRAGMA foreign_keys=ON",
