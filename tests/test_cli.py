@@ -143,7 +143,7 @@ async def test_help_names_the_commands_and_flags() -> None:
     """`t3d --help`, `t3d serve --help`, `t3d ctl --help` and `t3d ctl run --help` exit 0 and
     mention their commands and flags; `t3d ctl --help` lists the exit statuses."""
     expected = {
-        (): ["serve", "ctl", "T3D_PORT"],
+        (): ["serve", "ctl", "schema", "T3D_PORT"],
         ("serve",): [
             "--state-dir",
             "--port",
