@@ -1,7 +1,14 @@
-"""The ``t3d`` command: ``serve`` runs the daemon, ``ctl`` administers it.
+"""The ``t3d`` command: ``serve`` runs the daemon, ``ctl`` administers it, ``service``
+installs it as systemd user units.
 
-Exit status: 0 after a clean stop, 1 when the daemon had to stop (e.g. the
-database writer died: systemd restarts it), 2 for bad settings or usage.
+Exit status of ``serve``: 0 after a clean stop (SIGTERM, Ctrl-C, ``t3d ctl shutdown``),
+1 when the daemon had to stop or could not start (the database writer died, the port is
+taken, another daemon holds the state dir: systemd restarts it), 2 for bad settings or
+usage (systemd does not restart it: ``RestartPreventExitStatus=2``).
+
+Signals: SIGTERM stops the daemon and leaves the agents running for the next daemon on
+the state dir; SIGINT from a terminal (Ctrl-C) stops the agents too. A SIGINT with no
+terminal on stdin counts as SIGTERM.
 """
 
 from __future__ import annotations
@@ -18,9 +25,13 @@ import trio
 
 import t3d
 from t3d.config import Settings, environment_help, load_settings
-from t3d.errors import ConfigError, T3dError
+from t3d.errors import ConfigError, ServiceError, T3dError
 from t3d.gc_tuning import tune_gc
 from t3d.startup_checks import check_settings
+from t3d.service.notify import NotifyTarget, notify_target
+
+# What systemd gives the daemon for notifications; not passed on to the processes it starts.
+NOTIFY_ENVIRONMENT = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 
 SERVE_FLAGS = (
     ("--state-dir", "state_dir", "where the database and token live (T3D_STATE_DIR; default $XDG_STATE_HOME/t3d or ~/.local/state/t3d)"),
@@ -74,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR: t3d_api.schemas.json (the whole) and one self-contained file per type.",
     )
     described.add_argument("--out", metavar="DIR", help="write the files into DIR (made if missing)")
+    from t3d.service.command import add_service_arguments
+
+    service = commands.add_parser(
+        "service",
+        help="install, remove or look at t3d as systemd user units",
+        description="Install, remove or look at the t3d daemon and its spawner as systemd user units.",
+    )
+    add_service_arguments(service)
     _name_each_parser(parser)
     return parser
 
@@ -106,20 +125,34 @@ def _configure_logging(level: str) -> None:
     )
 
 
-async def _serve(settings: Settings) -> None:
-    from t3d.daemon import run_daemon
+async def _serve(settings: Settings, notify: NotifyTarget | None, interactive: bool) -> None:
+    from t3d.daemon import DaemonControl, DaemonInfo, run_daemon
 
+    control = DaemonControl()
+    log = logging.getLogger("t3d")
     async with trio.open_nursery() as nursery:
 
         async def stop_on_signal() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for sig in signals:
-                    logging.getLogger("t3d").info("received %s; shutting down", signal.Signals(sig).name)
+                    if sig == signal.SIGINT and interactive:
+                        control.stop_agents = True
+                        log.info("received SIGINT (Ctrl-C); shutting down and stopping every agent")
+                    else:
+                        log.info(
+                            "received %s; shutting down, agents keep running for the next daemon on %s",
+                            signal.Signals(sig).name,
+                            settings.state_dir,
+                        )
                     nursery.cancel_scope.cancel()
                     return
 
+        async def daemon(task_status: trio.TaskStatus[DaemonInfo]) -> None:
+            await run_daemon(settings, control=control, notify=notify, task_status=task_status)
+            nursery.cancel_scope.cancel()  # it stopped by itself (server.shutdown)
+
         nursery.start_soon(stop_on_signal)
-        info = await nursery.start(run_daemon, settings)
+        info = await nursery.start(daemon)
         print(f"t3d serving on {info.url}", file=sys.stderr, flush=True)
         print(f"token: {info.token_path}", file=sys.stderr, flush=True)
 
@@ -139,11 +172,21 @@ def serve(args: argparse.Namespace) -> int:
     for warning in warnings:
         logging.getLogger("t3d").warning("%s", warning)
     tune_gc()
+    notify = notify_target(os.environ, os.getpid())
+    for name in NOTIFY_ENVIRONMENT:
+        os.environ.pop(name, None)
     try:
-        trio.run(_serve, settings)
+        trio.run(_serve, settings, notify, _stdin_is_terminal())
     except BaseException as exc:
         return _exit_status(_leaf(exc))
     return 0
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -157,6 +200,9 @@ def _exit_status(exc: BaseException) -> int:
     if isinstance(exc, ConfigError):
         print(f"t3d: {exc}", file=sys.stderr)
         return 2
+    if isinstance(exc, ServiceError):
+        print(f"t3d: {exc}", file=sys.stderr)
+        return 1
     if isinstance(exc, T3dError):
         print(f"t3d: stopped: {exc}", file=sys.stderr)
         return 1
@@ -192,6 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(args)
     if args.command == "schema":
         return write_schema(args.out)
+    if args.command == "service":
+        from t3d.service.command import run_service
+
+        return run_service(args)
     from t3d.ctl import run_ctl
 
     return run_ctl(args)

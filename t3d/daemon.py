@@ -10,6 +10,7 @@ database writer cancels everything and surfaces as `WriterLostError`
 from __future__ import annotations
 
 import logging
+import os
 import time
 from functools import partial
 from typing import Any
@@ -33,11 +34,17 @@ from t3d.health import health_report
 from t3d.live.hub import Hub
 from t3d.loop_monitor import LoopMonitor
 from t3d.pressure.sampler import PressureSampler, run_pressure_sampler
+from t3d.service.notify import Notifier, NotifyTarget, run_notify
+from t3d.service.runfile import RunFile, started_at_now
+from t3d.service.statedir import HeldStateDir, hold_state_dir
 from t3d.sessions import open_sessions
 from t3d.spawn.sidecar import open_spawner
 from t3d.store.store import open_store
 
 log = logging.getLogger("t3d")
+
+# server.shutdown replies first; the daemon starts stopping this long after.
+SHUTDOWN_REPLY_GRACE_S = 0.2
 
 
 @attrs.frozen
@@ -61,7 +68,22 @@ async def run_daemon(
     settings: Settings,
     *,
     control: DaemonControl | None = None,
+    notify: NotifyTarget | None = None,
     task_status: trio.TaskStatus[DaemonInfo] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the daemon until cancelled (or asked to stop over the API). The state dir's lock
+    is held first (another daemon there: ServiceError); ``notify``: tell systemd."""
+    async with hold_state_dir(settings.state_dir, settings.db_path) as state:
+        await _run_daemon(settings, control or DaemonControl(), notify, state, task_status=task_status)
+
+
+async def _run_daemon(
+    settings: Settings,
+    control: DaemonControl,
+    notify: NotifyTarget | None,
+    state: HeldStateDir,
+    *,
+    task_status: trio.TaskStatus[DaemonInfo],
 ) -> None:
     started = time.monotonic()
     token, token_path = await trio.to_thread.run_sync(load_or_create_token, settings.state_dir)
@@ -151,11 +173,27 @@ async def run_daemon(
                 await nursery.start(admission.run)
                 await nursery.start(run_pressure_sampler, pressure)
                 await nursery.start(run_effects, store, effects, admission.dispatch)
+                def request_shutdown(stop_agents: bool) -> dict[str, Any]:
+                    """server.shutdown: reply, then stop as SIGTERM would (``stop_agents``: as Ctrl-C)."""
+                    control.stop_agents = control.stop_agents or stop_agents
+                    log.info(
+                        "shutting down as asked over the API (%s)",
+                        "stopping every agent" if control.stop_agents else "agents keep running for the next daemon",
+                    )
+
+                    async def stop_soon() -> None:
+                        await trio.sleep(SHUTDOWN_REPLY_GRACE_S)
+                        daemon_scope.cancel()
+
+                    nursery.start_soon(stop_soon)
+                    return {"stopping": True, "pid": os.getpid(), "stop_agents": control.stop_agents}
+
                 app = ApiApp(
                     Methods(
                         store,
                         force_stop=sessions.force_stop,
                         git=GitMethods(store, checkpoints, settings.state_dir),
+                        shutdown=request_shutdown,
                     ),
                     hub,
                     token,
@@ -167,10 +205,20 @@ async def run_daemon(
                 port = await nursery.start(partial(serve_api_transport, stats=transport), app, settings.host, settings.port)
                 bound[0] = port
                 url = attrs.evolve(settings, port=port).url
+                run = RunFile(os.getpid(), url, settings.host, port, _version(), started_at_now(), str(token_path))
+                await trio.to_thread.run_sync(state.publish, run)
+                if notify is not None:
+                    await nursery.start(run_notify, Notifier(notify), lambda: _status_line(url, sessions.count, admission))
                 log.info("t3d %s serving on %s (token in %s)", _version(), url, token_path)
                 task_status.started(DaemonInfo(url, port, str(token_path)))
     if lost:
         raise WriterLostError("the database writer thread died") from lost[0]
+
+
+def _status_line(url: str, sessions: int, admission: Admission) -> str:
+    """What systemd shows as the daemon's status."""
+    running = admission.statistics()["active_turns"]
+    return f"serving on {url}; {sessions} session{'s' * (sessions != 1)}, {running} turn{'s' * (running != 1)} running"
 
 
 def _version() -> str:

@@ -28,6 +28,11 @@ class WriterLostError(StoreError):
     """The writer thread died while the daemon ran; the daemon exits with status 1."""
 
 
+class ServiceError(T3dError):
+    """The daemon's lifecycle: another daemon holds the state dir, or systemd cannot be used
+    (exit status 1)."""
+
+
 class ProtocolError(T3dError):
     """A peer sent something the protocol does not allow."""
 

@@ -76,15 +76,17 @@ async def serve(
     *flags: str,
     env: dict[str, str] | None = None,
     launcher: Sequence[str] = ("-m", "t3d"),
+    stdin: int = subprocess.DEVNULL,
 ) -> AsyncIterator[Served]:
     """Start `t3d serve` (port 0, replay speed 0) and wait until it serves; SIGKILL it at exit
-    if it still runs. ``launcher`` is what follows the interpreter (a wrapper script, say)."""
+    if it still runs. ``launcher`` is what follows the interpreter (a wrapper script, say);
+    ``stdin`` a descriptor for its stdin (a terminal, say)."""
     argv = [sys.executable, *launcher, "serve", "--port", "0", "--replay-speed", "0", *flags]
     if state_dir is not None:
         argv += ["--state-dir", str(state_dir)]
     process = await trio.lowlevel.open_process(
         argv,
-        stdin=subprocess.DEVNULL,
+        stdin=stdin,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env or base_env(),

@@ -82,13 +82,16 @@ class Methods:
         *,
         force_stop: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
         git: GitMethods | None = None,
+        shutdown: Callable[[bool], dict[str, Any]] | None = None,
     ) -> None:
         self._store = store
         self._force_stop = force_stop
+        self._shutdown = shutdown
         self._git = git
         self.reader = BaseReader(store)
         self.table: dict[str, Method] = {
             "server.hello": self.server_hello,
+            "server.shutdown": self.server_shutdown,
             "project.create": self.project_create,
             "project.list": self.project_list,
             "thread.create": self.thread_create,
@@ -146,6 +149,15 @@ class Methods:
             "capabilities": ["memory_pressure"],
             "providers": list(RUNNABLE_PROVIDERS),  # only what this build runs
         }
+
+    async def server_shutdown(self, p: Params) -> Any:
+        """Stop the daemon after replying; agents keep running for the next daemon on this
+        state dir unless ``stop_agents``."""
+        stop_agents = p.opt_bool("stop_agents", default=False)
+        p.check()
+        if self._shutdown is None:
+            raise RpcError(DOMAIN_CODES["conflict"], "this server cannot be shut down over the API")
+        return self._shutdown(stop_agents)
 
     async def project_create(self, p: Params) -> Any:
         path = p.str("path")

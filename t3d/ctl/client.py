@@ -35,6 +35,7 @@ import trio_websocket
 
 from t3d.config import Settings
 from t3d.errors import T3dError
+from t3d.service.statedir import running_daemon
 
 JsonDict = dict[str, Any]
 
@@ -55,6 +56,8 @@ EXIT_USAGE = 2
 EXIT_SIGINT = 130
 
 START_HINT = "start it with `t3d serve` (or `make run`)"
+# A daemon listening on every address is reached on loopback.
+_LISTEN_ANY = {"0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
 class CtlError(T3dError):
@@ -88,6 +91,21 @@ class Endpoint:
     @classmethod
     def from_settings(cls, settings: Settings) -> Endpoint:
         return cls(settings.host, settings.port, settings.token_path)
+
+    @classmethod
+    def discover(cls, settings: Settings, *, port_given: bool, host_given: bool) -> Endpoint:
+        """Where the daemon of ``settings.state_dir`` serves: the address its
+        ``daemon.json`` names (so a daemon on ``--port 0`` is found), unless a port is given;
+        the settings' address when there is no such file. A CtlError when the file is stale."""
+        if port_given:
+            return cls.from_settings(settings)
+        run, stale = running_daemon(settings.state_dir)
+        if stale is not None:
+            raise CtlError(f"no t3d daemon runs on {settings.state_dir}: {stale}; {START_HINT}, which replaces the file")
+        if run is None:
+            return cls.from_settings(settings)
+        host = settings.host if host_given else _LISTEN_ANY.get(run.host, run.host)
+        return cls(host, run.port, settings.token_path)
 
     @property
     def authority(self) -> str:

@@ -22,12 +22,12 @@ from typing import Any
 import trio
 
 from t3d.config import load_settings
-from t3d.ctl import admin, turn
+from t3d.ctl import admin, service, turn
 from t3d.ctl.client import EXIT_OK, EXIT_SIGINT, EXIT_USAGE, CtlError, Endpoint, unwrap_group
 from t3d.ctl.terminal import err
 from t3d.errors import ConfigError
 
-COMMAND_MODULES = (admin, turn)
+COMMAND_MODULES = (admin, turn, service)
 
 EXIT_CODES_HELP = (
     "exit status: 0 success; 1 the turn failed, was interrupted or cancelled, the daemon "
@@ -59,7 +59,11 @@ def _add_common_flags(parser: argparse.ArgumentParser, *, default: Any) -> None:
         help="state directory of the daemon (T3D_STATE_DIR)",
     )
     parser.add_argument("--host", default=default, help="address the daemon listens on (T3D_HOST)")
-    parser.add_argument("--port", default=default, help="port the daemon listens on (T3D_PORT)")
+    parser.add_argument(
+        "--port",
+        default=default,
+        help="port the daemon listens on (T3D_PORT; default: the one in <state dir>/daemon.json, else 3774)",
+    )
     parser.add_argument(
         "--json",
         action="store_true",
@@ -82,7 +86,12 @@ def run_ctl(args: argparse.Namespace) -> int:
         err("error: name a command (see t3d ctl --help)\n")
         return EXIT_USAGE
     try:
-        return int(trio.run(handler, args, Endpoint.from_settings(settings)))
+        endpoint = Endpoint.discover(
+            settings,
+            port_given=args.port is not None or "T3D_PORT" in os.environ,
+            host_given=args.host is not None or "T3D_HOST" in os.environ,
+        )
+        return int(trio.run(handler, args, endpoint))
     except BaseException as exc:
         return _exit_status(exc)
 
