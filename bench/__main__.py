@@ -10,7 +10,11 @@ count its own row and chart point). ``--compare 'ENV=VALUE ...'`` runs configura
 interleaved, A B A B, each run from the same starting database. ``--pin`` pins the daemon
 (and everything it starts) to the first half of the CPUs and the driver to the rest.
 ``--slow-clients 0,10`` compares in the same way, A with no never-reading client and B
-with 10 (see bench/slow.py).
+with 10 (see bench/slow.py). ``--restart-every 60 --restart-signal TERM|KILL`` restarts the
+daemon on the same state dir every 60 s of the window and reports what the restarts cost
+(see bench/restart.py):
+
+    python -m bench run --profile primary --sessions 100 --window 600 --restart-every 60 --restart-signal KILL
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import orjson
 import trio
 
 from bench import charts, report
+from bench import restart as r
 from bench.fixture import REPO, fixture_path, read_timings
 from bench.profiles import PROFILES, Profile
 from bench.runner import RunSpec, run_once
@@ -150,7 +155,7 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
                     args.window if args.window is not None else profile.window_s,
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
-                    slow.get(name),
+                    slow.get(name), args.restart_every, args.restart_signal,
                 ))  # fmt: skip
     return specs
 
@@ -200,6 +205,7 @@ def command_run(args: argparse.Namespace) -> int:
         "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "code": code_version(),
         "window_s": specs[0].window_s, "warmup_s": specs[0].warmup_s, "runs_per_config": args.runs,
         "configs": described_configurations(args),
+        "restart": None if args.restart_every is None else {"every_s": args.restart_every, "signal": args.restart_signal},
         "fixture": {
             "name": fixture.name,
             "turn_s": sum(t.duration_ms for t in timings) / len(timings) / 1000,
@@ -271,6 +277,18 @@ def main(argv: list[str] | None = None) -> int:
         "healthy client's event delay and first snapshot chunk (bench/slow.py); "
         "K1,K2: configuration A with K1, B with K2, interleaved",
     )
+    run.add_argument(
+        "--restart-every",
+        type=float,
+        metavar="S",
+        help="restart the daemon on the same state dir every S seconds of the window (bench/restart.py)",
+    )
+    run.add_argument(
+        "--restart-signal",
+        choices=sorted(r.SIGNALS),
+        default="TERM",
+        help="how the daemon is stopped at each restart: TERM (a service manager's stop) or KILL (a crash)",
+    )
     writes_cmd = sub.add_parser("writes", help="provider write batching on vs off, on the real store (bench/writes.py)")
     writes_cmd.add_argument("--reps", type=int, default=5, help="repetitions per configuration (default 5)")
     writes_cmd.add_argument("--synchronous", choices=("full", "normal"), default="full", help="SQLite synchronous level (default full)")
@@ -300,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         if args.runs < 1:
             parser.error("--runs must be at least 1")
+        if args.restart_every is not None and (args.restart_every <= 0 or PROFILES[args.profile].burst):
+            parser.error("--restart-every takes a number of seconds above 0, and a profile with a window (not burst)")
         return command_run(args)
     if args.command == "writes":
         from bench import writes

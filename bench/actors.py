@@ -8,7 +8,10 @@ process of the machine), so the coordinator can place them in the window.
 Expected failures (a JSON-RPC error, an HTTP error status, a dropped connection) are
 counted in `Errors` and end the actor's current step, never the run; a session whose
 connection is gone stops turning, and the run is then invalid because that session
-produced no output in the window.
+produced no output in the window. With ``reconnect`` (a run that restarts the daemon) a
+session and a subscriber connect again instead, every `RECONNECT_PAUSE_S`, subscribe
+again (the snapshot tells whether the turn in flight ended meanwhile) and carry on; a
+``turn.start`` cut off by the restart is retried with the same ``command_id``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ EXPECTED = (
     OSError,
 )
 MAX_ERROR_TEXTS = 20
+RECONNECT_PAUSE_S = 0.2
 
 
 @attrs.define
@@ -88,11 +92,17 @@ class TurnRecord:
 class Session:
     """One agent session: one thread, subscribed on the session's own connection."""
 
-    def __init__(self, index: int, window: Window, errors: Errors, *, answer_prompts: bool) -> None:
+    def __init__(
+        self, index: int, window: Window, errors: Errors, *, answer_prompts: bool, reconnect: bool = False
+    ) -> None:
         self.index = index
         self.window = window
         self.errors = errors
         self.answer_prompts = answer_prompts
+        self.reconnect = reconnect
+        self.reconnects = 0
+        self._rpc: RpcConnection | None = None
+        self._connected = trio.Event()
         self.thread_id = ""
         self.turns: list[TurnRecord] = []
         self.outputs_in_window = 0
@@ -161,6 +171,9 @@ class Session:
             self._done.set()
 
     def _closed(self, exc: BaseException) -> None:
+        if self.reconnect:
+            self._connected = trio.Event()  # until `open` has connected again
+            return
         self.errors.add("session connection", exc)
         self.broken = True
         self._done.set()
@@ -168,18 +181,46 @@ class Session:
     async def open(
         self, port: int, token: str, project_id: str, *, task_status: trio.TaskStatus[RpcConnection]
     ) -> None:
-        """Connect, create the thread and subscribe; then serve the connection until cancelled."""
-        async with open_rpc(port, token, self.on_note, self._closed) as rpc:
-            created = await rpc.call(
-                "thread.create",
-                project_id=project_id,
-                provider="replay",
-                title=f"bench {self.index}",
-            )
-            self.thread_id = created["thread_id"]
-            await rpc.call("subscribe.thread", thread_id=self.thread_id)
-            task_status.started(rpc)
-            await trio.sleep_forever()
+        """Connect, create the thread and subscribe; then serve the connection until cancelled
+        (with ``reconnect``: connect and subscribe again whenever it ends)."""
+        try:
+            async with open_rpc(port, token, self.on_note, self._closed) as rpc:
+                created = await rpc.call(
+                    "thread.create",
+                    project_id=project_id,
+                    provider="replay",
+                    title=f"bench {self.index}",
+                )
+                self.thread_id = created["thread_id"]
+                await rpc.call("subscribe.thread", thread_id=self.thread_id)
+                self._rpc = rpc
+                self._connected.set()
+                task_status.started(rpc)
+                if not self.reconnect:
+                    await trio.sleep_forever()
+                await rpc.gone.wait()
+        except EXPECTED:
+            if self._rpc is None or not self.reconnect:
+                raise  # set-up failed, or a run that does not reconnect
+        while True:
+            await trio.sleep(RECONNECT_PAUSE_S)
+            try:
+                async with open_rpc(port, token, self.on_note, self._closed) as rpc:
+                    await rpc.call("subscribe.thread", thread_id=self.thread_id)
+                    self._rpc = rpc
+                    self.reconnects += 1
+                    self._connected.set()
+                    await rpc.gone.wait()
+            except EXPECTED:
+                pass  # the daemon is not serving again yet
+
+    async def _live(self, rpc: RpcConnection) -> RpcConnection:
+        """The connection to use: ``rpc``, or with ``reconnect`` the current one once connected."""
+        if not self.reconnect:
+            return rpc
+        await self._connected.wait()
+        assert self._rpc is not None
+        return self._rpc
 
     async def run(self, rpc: RpcConnection, first_at: float, think_s: float) -> None:
         send, receive = trio.open_memory_channel[str](16)
@@ -198,17 +239,25 @@ class Session:
         record = TurnRecord(self.index, uuid.uuid4().hex, time.monotonic())
         self._current, self._done = record, trio.Event()
         self.turns.append(record)
-        try:
-            await rpc.call(
-                "turn.start", thread_id=self.thread_id, text="go", turn_id=record.turn_id
-            )
-        except RpcFailed as exc:
-            self.errors.add("turn.start", exc)
-            record.status = "rejected"
-            return True
-        except EXPECTED as exc:
-            self.errors.add("session", exc)
-            return False
+        # With reconnect, a call the restart cut off is sent again: the same command_id
+        # makes the retry return the first call's result, never a second turn.
+        retry = {"command_id": record.turn_id} if self.reconnect else {}
+        while True:
+            try:
+                live = await self._live(rpc)
+                await live.call(
+                    "turn.start", thread_id=self.thread_id, text="go", turn_id=record.turn_id, **retry
+                )
+                break
+            except RpcFailed as exc:
+                self.errors.add("turn.start", exc)
+                record.status = "rejected"
+                return True
+            except EXPECTED as exc:
+                self.errors.add("session", exc)
+                if not self.reconnect:
+                    return False
+                await trio.sleep(RECONNECT_PAUSE_S)
         record.dispatch_ms = (time.monotonic() - record.start) * 1000
         await self._done.wait()
         return not self.broken
@@ -216,7 +265,7 @@ class Session:
     async def _answer(self, rpc: RpcConnection, receive: trio.MemoryReceiveChannel[str]) -> None:
         async for request_id in receive:
             try:
-                await rpc.call("request.respond", request_id=request_id, decision="allow")
+                await (await self._live(rpc)).call("request.respond", request_id=request_id, decision="allow")
             except EXPECTED as exc:
                 self.errors.add("request.respond", exc)
 
@@ -238,9 +287,24 @@ class SubscriberStats:
 
 async def run_subscriber(
     port: int, token: str, threads: list[str], first: int, switch_s: float, phase_s: float,
-    window: Window, stats: SubscriberStats, errors: Errors,
+    window: Window, stats: SubscriberStats, errors: Errors, reconnect: bool = False,
 ) -> None:  # fmt: skip
-    """Follow one thread; every ``switch_s`` (first after ``phase_s``) move to the next one."""
+    """Follow one thread; every ``switch_s`` (first after ``phase_s``) move to the next one.
+    With ``reconnect`` a lost connection is opened again (on the thread it followed)."""
+    position = [first]
+    again = False
+    while True:
+        await _follow(port, token, threads, position, switch_s, phase_s, window, stats, errors, again)
+        if not reconnect:
+            return
+        again = True
+        await trio.sleep(RECONNECT_PAUSE_S)
+
+
+async def _follow(
+    port: int, token: str, threads: list[str], position: list[int], switch_s: float, phase_s: float,
+    window: Window, stats: SubscriberStats, errors: Errors, again: bool,
+) -> None:  # fmt: skip
 
     def on_note(note: Json, at: float) -> None:
         if note.get("kind") == "event":
@@ -252,17 +316,18 @@ async def run_subscriber(
 
     try:
         async with open_rpc(port, token, on_note) as rpc:
-            position = first
-            sub = await _subscribe(rpc, threads[position % len(threads)], stats, window)
+            sub = await _subscribe(rpc, threads[position[0] % len(threads)], stats, window)
             next_switch = window.t0 + phase_s
+            while again and switch_s > 0 and next_switch < time.monotonic():
+                next_switch += switch_s  # connected again: the next switch in the schedule
             while switch_s > 0:
                 await sleep_until(next_switch)
                 next_switch += switch_s
                 await rpc.call("unsubscribe", sub=sub)
-                position += 1
-                sub = await _subscribe(rpc, threads[position % len(threads)], stats, window)
+                position[0] += 1
+                sub = await _subscribe(rpc, threads[position[0] % len(threads)], stats, window)
                 stats.switches += 1
-            await trio.sleep_forever()
+            await rpc.gone.wait()
     except EXPECTED as exc:
         errors.add("subscriber", exc)
 

@@ -48,6 +48,7 @@ class RpcConnection:
         self._ids = itertools.count(1)
         self._waiting: dict[int, tuple[trio.Event, list[Json]]] = {}
         self.closed: BaseException | None = None
+        self.gone = trio.Event()  # set when the connection has ended
 
     async def call(self, method: str, **params: Any) -> Any:
         if self.closed is not None:
@@ -85,6 +86,7 @@ class RpcConnection:
             self.closed = exc
             for done, _ in self._waiting.values():
                 done.set()
+            self.gone.set()
             self._on_close(exc)
 
 

@@ -5,8 +5,10 @@ directory that is a git repository, and a ``git`` shim first on the daemon's PAT
 counts every git process started by the daemon or its spawner. ``open_daemon`` runs
 ``t3d serve`` as a subprocess with that state dir, only the given ``T3D_*`` settings (the
 caller's own are dropped, so a run is reproducible) and its output in a log file; it is
-ready when ``GET /api/health`` answers. On exit it stops the daemon like a service
-manager does (SIGTERM, a grace period, then SIGKILL), shielded and bounded.
+ready when ``GET /api/health`` answers. `restart_process` starts it again on the same state
+dir and port (its log appended). On exit it stops the daemon and every agent
+(``server.shutdown {stop_agents: true}``, as `t3d ctl shutdown --stop-agents`), then like a
+service manager would (SIGTERM, a grace period, SIGKILL), shielded and bounded.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import attrs
+import h11
 import trio
 
-from bench.client import http_get_once
+from bench.client import HttpClient, HttpError, http_get_once
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
+SHUTDOWN_ASK_S = 5.0
 REAL_GIT = shutil.which("git")
 
 
@@ -92,13 +96,15 @@ def daemon_env(state: StateDir, settings: Mapping[str, str]) -> dict[str, str]:
 
 @attrs.define
 class RunningDaemon:
-    process: trio.Process
+    process: trio.Process  # the current one: a restart replaces it
     port: int
     token: str
     state: StateDir
     log: Path
     exit_code: int | None = None
     stop_s: float | None = None
+    argv: list[str] = attrs.field(factory=list)
+    env: dict[str, str] = attrs.field(factory=dict)
 
 
 def pin_prefix(cpus: str | None) -> list[str]:
@@ -118,11 +124,12 @@ async def open_daemon(
     argv = [*pin_prefix(cpus), sys.executable, "-m", "t3d", "serve", "--state-dir", str(state.root),
             "--port", str(port), "--replay-fixture", str(fixture), "--replay-speed", "1",
             "--log-level", "warning"]  # fmt: skip
+    env = daemon_env(state, settings)
     with log.open("wb") as log_file:
         process = await trio.lowlevel.open_process(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, env=daemon_env(state, settings)
+            argv, stdout=log_file, stderr=subprocess.STDOUT, env=env
         )
-    daemon = RunningDaemon(process, port, "", state, log)
+    daemon = RunningDaemon(process, port, "", state, log, argv=argv, env=env)
     try:
         await _wait_ready(daemon)
         daemon.token = state.token_path.read_text().strip()
@@ -130,6 +137,15 @@ async def open_daemon(
     finally:
         with trio.CancelScope(shield=True):
             await stop_daemon(daemon)
+
+
+async def restart_process(daemon: RunningDaemon) -> None:
+    """Start `t3d serve` again as before (the old process has ended); wait until it serves."""
+    with daemon.log.open("ab") as log_file:
+        daemon.process = await trio.lowlevel.open_process(
+            daemon.argv, stdout=log_file, stderr=subprocess.STDOUT, env=daemon.env
+        )
+    await _wait_ready(daemon)
 
 
 async def _wait_ready(daemon: RunningDaemon) -> None:
@@ -152,17 +168,36 @@ async def _wait_ready(daemon: RunningDaemon) -> None:
 
 
 async def stop_daemon(daemon: RunningDaemon) -> None:
-    """SIGTERM, wait ``STOP_GRACE_S``, then SIGKILL; records the exit code and stop time."""
+    """``server.shutdown {stop_agents: true}`` (else SIGTERM), wait ``STOP_GRACE_S``, then
+    SIGKILL; records the exit code and stop time."""
     process = daemon.process
     started = time.monotonic()
     if process.returncode is None:
-        process.send_signal(signal.SIGTERM)
+        if not await _ask_shutdown(daemon):
+            process.send_signal(signal.SIGTERM)
         with trio.move_on_after(STOP_GRACE_S):
             await process.wait()
         if process.returncode is None:
             process.kill()
     daemon.exit_code = await process.wait()
     daemon.stop_s = time.monotonic() - started
+
+
+async def _ask_shutdown(daemon: RunningDaemon) -> bool:
+    """Ask the daemon to stop with its agents; False when it did not agree."""
+    if not daemon.token:
+        return False
+    frame = {"jsonrpc": "2.0", "id": 1, "method": "server.shutdown", "params": {"stop_agents": True}}
+    client = HttpClient(daemon.port, daemon.token)
+    try:
+        with trio.move_on_after(SHUTDOWN_ASK_S):
+            reply = await client.request("POST", "/api/dispatch", frame)
+            return isinstance(reply, dict) and "result" in reply
+        return False
+    except (HttpError, OSError, trio.BrokenResourceError, h11.ProtocolError):
+        return False
+    finally:
+        await client.aclose()
 
 
 def tail(path: Path, lines: int = 20) -> str:

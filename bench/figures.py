@@ -43,6 +43,11 @@ STEADY_EXTRAS = (
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
 )  # fmt: skip
+# With --restart-every (bench/restart.py); None otherwise.
+RESTART_FIGURES = (
+    "restarts", "restart_serving_p50_s", "restart_serving_max_s", "restart_stop_max_s",
+    "agents_killed", "turns_server_restart", "restarted_turns", "restarted_turns_text_equal",
+)  # fmt: skip
 BURST_FIGURES = (
     "sessions", "turns_completed", "replies_done_s", "turns_done_s", "dispatch_p50_ms", "dispatch_max_ms",
     "daemon_rss_peak_mib", "daemon_pss_peak_mib", "spawner_rss_peak_mib", "providers_rss_peak_mib",

@@ -41,6 +41,8 @@ class LoadConfig:
     results: str
     # Never-reading clients to add (bench/slow.py); None: neither they nor the probes run.
     slow_clients: int | None = None
+    # The daemon is restarted during the run: sessions and subscribers connect again.
+    reconnect: bool = False
 
 
 async def run_load(config: LoadConfig) -> dict[str, Any]:
@@ -56,7 +58,9 @@ async def run_load(config: LoadConfig) -> dict[str, Any]:
             created = await rpc.call("thread.create", project_id=project_id, provider="replay", title="probe")
             probe_thread = created["thread_id"]
     sessions = [
-        actors.Session(i, actors.Window(0, 0, 0), errors, answer_prompts=answer_in_session)
+        actors.Session(
+            i, actors.Window(0, 0, 0), errors, answer_prompts=answer_in_session, reconnect=config.reconnect
+        )
         for i in range(config.sessions)
     ]
     async with trio.open_nursery() as nursery:
@@ -92,6 +96,7 @@ async def run_load(config: LoadConfig) -> dict[str, Any]:
         turn_fields=[f.name for f in attrs.fields(actors.TurnRecord)],
         sessions_with_output=sum(1 for s in sessions if s.outputs_in_window > 0),
         session_resyncs=sum(s.resyncs for s in sessions),
+        session_reconnects=sum(s.reconnects for s in sessions),
         broken_sessions=sum(1 for s in sessions if s.broken),
         errors={"counts": dict(errors.counts), "first": errors.first},
     )
@@ -131,6 +136,7 @@ async def _steady(
                     window,
                     stats,
                     errors,
+                    config.reconnect,
                 )
             for j, pstats in enumerate(pollers):
                 mine = frozenset(

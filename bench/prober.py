@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import h11
 import orjson
 import trio
 
@@ -41,7 +42,7 @@ async def probe_until(port: int, until: float) -> list[list[Any]]:
         with trio.move_on_after(TIMEOUT_S):
             try:
                 status, body = await http_get_once(port, "/api/health")
-            except OSError:
+            except (OSError, trio.BrokenResourceError, h11.ProtocolError):  # a daemon restarting
                 status, body = 0, b""
             if status == 200:
                 latency = (time.monotonic() - started) * 1000

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from bench.figures import BURST_FIGURES, STEADY_EXTRAS, STEADY_FIGURES
+from bench.figures import BURST_FIGURES, RESTART_FIGURES, STEADY_EXTRAS, STEADY_FIGURES
 from bench.stats import median_figures, ratio
 
 LABELS = {
@@ -62,6 +62,14 @@ LABELS = {
     "event_delay_p95_ms": "healthy client's event delay p95 (ms)",
     "event_delay_max_ms": "healthy client's event delay max (ms)",
     "probe_events_missed": "probe renames whose event never arrived",
+    "restarts": "daemon restarts in the window",
+    "restart_serving_p50_s": "restart signal to serving again p50 (s)",
+    "restart_serving_max_s": "restart signal to serving again max (s)",
+    "restart_stop_max_s": "restart signal to the old daemon gone max (s)",
+    "agents_killed": "agents killed by the restarts (alive at a signal, gone by the next)",
+    "turns_server_restart": "turns ended server_restart",
+    "restarted_turns": "turns in flight at a restart",
+    "restarted_turns_text_equal": "of those, final text equal to the recording's",
 }
 
 
@@ -95,7 +103,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def figure_names(burst: bool) -> tuple[str, ...]:
-    return BURST_FIGURES if burst else STEADY_FIGURES + STEADY_EXTRAS
+    return BURST_FIGURES if burst else STEADY_FIGURES + STEADY_EXTRAS + RESTART_FIGURES
 
 
 def summarize(
@@ -193,6 +201,9 @@ def render(
         out += [
             f"- warm-up {summary['warmup_s']:g} s, window {summary['window_s']:g} s, {summary['runs_per_config']} run(s) per configuration"
         ]
+    if summary.get("restart"):
+        restart = summary["restart"]
+        out += [f"- the daemon restarted every {restart['every_s']:g} s of the window with SIG{restart['signal']}, on the same state dir and port"]
     for config, env in summary["configs"].items():
         shown = " ".join(f"{k}={v}" for k, v in env.items()) or "the default settings"
         out += [f"- configuration {config}: {shown}"]

@@ -4,9 +4,10 @@
 sampler, start the load process and wait for its ``ready`` line, start the prober, read
 the events sequence at the window's edges, wait for the load to finish, stop the
 daemon, check that no process it started is left, then compute the figures and write
-the run's CSV files. Everything the coordinator started is stopped on every path
-(shielded, bounded); a failure of the harness itself makes the run invalid with its
-reason, never a crash of the whole benchmark.
+the run's CSV files. With ``restart_every_s`` the daemon is restarted during the window
+(bench/restart.py) and the load's clients connect again. Everything the coordinator
+started is stopped on every path (shielded, bounded); a failure of the harness itself
+makes the run invalid with its reason, never a crash of the whole benchmark.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import trio
 
 from bench import daemon as d
 from bench import figures, procfs
+from bench import restart as r
 from bench.actors import trio_deadline
 from bench.client import HttpClient, HttpError
 from bench.fixture import fixture_path, mean_turn_s
@@ -56,6 +58,8 @@ class RunSpec:
     driver_cpus: str | None = None
     keep_state: bool = False
     slow_clients: int | None = None  # never-reading clients and probes (bench/slow.py)
+    restart_every_s: float | None = None  # restart the daemon this often in the window
+    restart_signal: str = "TERM"  # TERM or KILL
 
 
 @attrs.define
@@ -125,6 +129,7 @@ async def run_once(spec: RunSpec) -> RunResult:
     span: list[int | None] = [None, None]
     gate: list[float | None] = [None, None]
     sampler: Sampler | None = None
+    restarts: list[r.RestartRecord] = []
     try:
         async with d.open_daemon(
             state, fixture, spec.env, spec.out / f"{spec.label}.daemon.log", cpus=spec.daemon_cpus
@@ -134,7 +139,12 @@ async def run_once(spec: RunSpec) -> RunResult:
                 state.spawner_socket,
                 str(state.git_log) if state.git_log else None,
             )
-            t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, gate, errors)
+            t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, gate, errors, restarts)
+            if restarts:
+                await trio.to_thread.run_sync(r.settle, restarts[-1])
+            errors.extend(
+                f"restart at {record.at - t0:.0f} s: {record.error}" for record in restarts if record.serving_s is None
+            )
             if daemon.process.returncode is not None:
                 errors.append(
                     f"the daemon exited with status {daemon.process.returncode} during the run; see {daemon.log}"
@@ -142,14 +152,23 @@ async def run_once(spec: RunSpec) -> RunResult:
         notes.append(f"daemon stopped in {daemon.stop_s:.1f} s with status {daemon.exit_code}")
         if daemon.exit_code not in (0, None):
             notes.append(
-                f"the daemon exited with status {daemon.exit_code} on SIGTERM; last log line: {d.tail(daemon.log, 1)}"
+                f"the daemon exited with status {daemon.exit_code} when stopped; last log line: {d.tail(daemon.log, 1)}"
             )
     except d.DaemonFailed as exc:
         errors.append(str(exc))
-    left = _leftovers(state, sampler)
+    left, spawner = _leftovers(state, sampler)
     if left:
         errors.append(f"{len(left)} process(es) outlived the daemon and were killed: {left[:5]}")
+    if spawner is not None:
+        # A restarted daemon uses the spawner the first one started and leaves it running.
+        (notes if restarts else errors).append(
+            f"the spawner (pid {spawner}) outlived the daemon and was killed"
+        )
     result = _result(spec, turn_s, load_out, probe_out, sampler, span, gate, t0, errors, notes)
+    if spec.restart_every_s is not None:
+        await trio.to_thread.run_sync(_restart_result, spec, result, restarts, load_out, state, t0)
+    else:
+        r.no_restart_figures(result.figures, result.missing)
     if not spec.keep_state:
         _remove_state(state.root)
     return result
@@ -158,13 +177,13 @@ async def run_once(spec: RunSpec) -> RunResult:
 async def _drive(
     spec: RunSpec, daemon: d.RunningDaemon, sampler: Sampler, turn_s: float,
     load_out: Path, probe_out: Path, span: list[int | None], gate: list[float | None],
-    errors: list[str],
+    errors: list[str], restarts: list[r.RestartRecord],
 ) -> float:  # fmt: skip
     config = {
         "port": daemon.port, "token": daemon.token, "project": str(daemon.state.project),
         "profile": spec.profile.name, "sessions": spec.sessions, "warmup_s": spec.warmup_s,
         "window_s": spec.window_s, "turn_s": turn_s, "results": str(load_out),
-        "slow_clients": spec.slow_clients,
+        "slow_clients": spec.slow_clients, "reconnect": spec.restart_every_s is not None,
     }  # fmt: skip
     config_path = spec.out / f"{spec.label}.load-config.json"
     config_path.write_bytes(orjson.dumps(config))
@@ -198,6 +217,10 @@ async def _drive(
                     ]
                 )
                 sampler.driver_pids.append(prober.pid)
+                if spec.restart_every_s is not None:
+                    nursery.start_soon(
+                        r.run_restarts, daemon, sampler, spec.restart_every_s, spec.restart_signal, start, end, restarts
+                    )
                 await trio.sleep(max(0.0, start - time.monotonic()))
                 span[0], gate[0] = await _sequence(client), await _saturated_s(client)
                 await trio.sleep(max(0.0, end - time.monotonic()))
@@ -229,16 +252,38 @@ async def _drive(
     return t0
 
 
-def _leftovers(state: d.StateDir, sampler: Sampler | None) -> list[int]:
-    """Processes the daemon started that are still alive after it stopped; they are killed."""
+def _leftovers(state: d.StateDir, sampler: Sampler | None) -> tuple[list[int], int | None]:
+    """Processes the daemon started that are still alive after it stopped, and the spawner
+    if it is; they are killed."""
     left = {p.pid for p in (sampler.providers_seen if sampler else set()) if p.alive()}
-    if sampler is not None and sampler.spawner is not None and sampler.spawner.alive():
-        left.add(sampler.spawner.pid)
+    spawner = procfs.find_spawner(state.spawner_socket)
     left.update(procfs.processes_under(str(state.root)))
-    for pid in left:
+    if spawner is not None:
+        left.discard(spawner)
+    for pid in [*left, *([spawner] if spawner is not None else [])]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    return sorted(left)
+    return sorted(left), spawner
+
+
+def _restart_result(
+    spec: RunSpec, result: RunResult, records: list[r.RestartRecord], load_out: Path,
+    state: d.StateDir, t0: float,
+) -> None:  # fmt: skip
+    """The restart figures, notes and CSVs of a run with --restart-every."""
+    load = orjson.loads(load_out.read_bytes()) if load_out.exists() else None
+    turns = figures.turns_of(load) if load else []
+    fixture = fixture_path(spec.profile.fixture)
+    fig, rows = r.restart_figures(records, turns, state.root / "t3d.sqlite", fixture)
+    result.figures.update(fig)
+    result.notes.extend(r.note(record, i + 1) for i, record in enumerate(records))
+    if len(records) == 0:
+        result.notes.append("no restart happened in the window (is --restart-every longer than --window?)")
+    origin = load["window"][0] if load else t0
+    _write_csv(spec.out / f"{spec.label}.restarts.csv", [record.row(origin) for record in records])
+    for row in rows:
+        row["restart_at"] = round(row["restart_at"] - origin, 3)
+    _write_csv(spec.out / f"{spec.label}.restarted-turns.csv", rows)
 
 
 def _remove_state(root: Path) -> None:
