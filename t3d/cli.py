@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"t3d {t3d.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    serve = commands.add_parser("serve", help="run the daemon in the foreground", description="Run the t3d daemon in the foreground until SIGTERM or Ctrl-C.")
+    serve = commands.add_parser("serve", help="run the daemon in the foreground", description="Run the t3d daemon in the foreground until SIGTERM (agents keep running for the next daemon on the state dir), Ctrl-C (agents stop too) or `t3d ctl shutdown`.", epilog="exit status: 0 after a clean stop; 1 when it had to stop or could not start (port taken, another daemon holds the state dir, the database writer died); 2 for an invalid setting")
     for flag, dest, text in SERVE_FLAGS:
         serve.add_argument(flag, dest=dest, default=None, help=text)
     ctl = commands.add_parser("ctl", help="administer a running daemon over its API", description="Administer a running t3d daemon over its API.")

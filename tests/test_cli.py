@@ -140,10 +140,10 @@ async def ctl(daemon: Served, *args: str, cwd: Path | None = None) -> Ran:
 
 
 async def test_help_names_the_commands_and_flags() -> None:
-    """`t3d --help`, `t3d serve --help`, `t3d ctl --help` and `t3d ctl run --help` exit 0 and
-    mention their commands and flags; `t3d ctl --help` lists the exit statuses."""
+    """`t3d --help`, `t3d serve --help`, `t3d ctl --help`, `t3d ctl run --help`, `t3d service
+    --help` and `t3d service install --help` exit 0 and mention their commands and flags; `t3d ctl --help` lists the exit statuses."""
     expected = {
-        (): ["serve", "ctl", "schema", "T3D_PORT"],
+        (): ["serve", "ctl", "schema", "service", "T3D_PORT"],
         ("serve",): [
             "--state-dir",
             "--port",
@@ -152,7 +152,9 @@ async def test_help_names_the_commands_and_flags() -> None:
             "--claude-bin",
             "T3D_STATE_DIR",
         ],
-        ("ctl",): ["status", "threads", "run", "--state-dir", "--port", "--json", "exit status:"],
+        ("ctl",): ["status", "threads", "run", "shutdown", "--state-dir", "--port", "--json", "exit status:"],
+        ("service",): ["install", "uninstall", "status", "logs"],
+        ("service", "install"): ["--state-dir", "--env-file", "--dry-run"],
         ("ctl", "run"): ["--provider", "--project", "--thread", "--approve", "--json"],
     }
     results: dict[tuple[str, ...], Ran] = {}

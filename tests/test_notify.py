@@ -26,7 +26,8 @@ from t3d.service.notify import MAX_STATUS_CHARS, NotifyTarget, notify_target, st
 def test_the_environment_names_the_socket_and_the_watchdog() -> None:
     """NOTIFY_SOCKET is a path or an abstract name ('@' becomes a NUL); anything else means
     no notifications. WATCHDOG_USEC gives pings at half the interval, only to the process
-    WATCHDOG_PID names (when set); STATUS= text is one bounded line."""
+    WATCHDOG_PID names (when set), never more often than every 50 ms; STATUS= text is one
+    bounded line."""
     assert notify_target({}, 7) is None
     assert notify_target({"NOTIFY_SOCKET": "relative/x"}, 7) is None
     assert notify_target({"NOTIFY_SOCKET": "@sd"}, 7) == NotifyTarget("\0sd", None)
@@ -35,6 +36,7 @@ def test_the_environment_names_the_socket_and_the_watchdog() -> None:
     assert notify_target({**env, "WATCHDOG_PID": "7"}, 7) == NotifyTarget("/run/n", 15.0)
     assert notify_target({**env, "WATCHDOG_PID": "8"}, 7) == NotifyTarget("/run/n", None)
     assert notify_target({**env, "WATCHDOG_USEC": "soon"}, 7) == NotifyTarget("/run/n", None)
+    assert notify_target({**env, "WATCHDOG_USEC": "1"}, 7) == NotifyTarget("/run/n", 0.05)
     assert status_message("a\nb  c") == "STATUS=a b c"
     assert len(status_message("x" * 10_000)) == len("STATUS=") + MAX_STATUS_CHARS
 

@@ -30,6 +30,8 @@ log = logging.getLogger("t3d")
 
 STATUS_EVERY_S = 5.0
 MAX_STATUS_CHARS = 400
+# Pings at most this often, however short WatchdogSec= is (a shorter one cannot be kept anyway).
+MIN_WATCHDOG_EVERY_S = 0.05
 
 
 @attrs.frozen
@@ -56,7 +58,7 @@ def notify_target(environ: Mapping[str, str], pid: int) -> NotifyTarget | None:
             usec = int(environ.get("WATCHDOG_USEC", ""))
         except ValueError:
             usec = 0
-        every = usec / 2e6 if usec > 0 else None
+        every = max(MIN_WATCHDOG_EVERY_S, usec / 2e6) if usec > 0 else None
     return NotifyTarget(address, every)
 
 
