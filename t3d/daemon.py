@@ -5,6 +5,9 @@ taking requests, effects stop, provider sessions are stopped (bounded), and
 the store lets every job already sent commit before it closes. A lost
 database writer cancels everything and surfaces as `WriterLostError`
 (the CLI exits with status 1 so systemd restarts the daemon).
+
+Before all of it the state dir's lock is taken (`hold_state_dir`: one daemon per state
+dir); once the API serves, ``daemon.json`` is written and, under systemd, READY=1 sent.
 """
 
 from __future__ import annotations
@@ -173,6 +176,7 @@ async def _run_daemon(
                 await nursery.start(admission.run)
                 await nursery.start(run_pressure_sampler, pressure)
                 await nursery.start(run_effects, store, effects, admission.dispatch)
+
                 def request_shutdown(stop_agents: bool) -> dict[str, Any]:
                     """server.shutdown: reply, then stop as SIGTERM would (``stop_agents``: as Ctrl-C)."""
                     control.stop_agents = control.stop_agents or stop_agents
