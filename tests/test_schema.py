@@ -138,10 +138,11 @@ async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: 
             await call("thread.move", thread_id=thread, workspace={"worktree": {}})
             await call("thread.archive", thread_id=thread)
             await call("thread.delete", thread_id=thread, force=True)
+            _, over_http = await http(
+                daemon, "POST", "/api/dispatch", {"jsonrpc": "2.0", "id": 1, "method": "thread.snapshot", "params": {"thread_id": "none"}}
+            )
+            await call("server.shutdown")  # last: the daemon stops just after replying
             notifications.extend(client.notifications)  # received, not yet read
-        _, over_http = await http(
-            daemon, "POST", "/api/dispatch", {"jsonrpc": "2.0", "id": 1, "method": "thread.snapshot", "params": {"thread_id": "none"}}
-        )
         daemon.stop()
     for method, params, result in calls:
         name = schema.type_name(method)

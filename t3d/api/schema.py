@@ -129,6 +129,15 @@ METHODS: dict[str, Method] = {
             "providers": req(array(enum(RUNNABLE_PROVIDERS)), "the providers this build runs"),
         }),
     ),
+    "server.shutdown": Method(
+        "Stop the daemon just after replying; its agents keep running for the next daemon on the state dir unless stop_agents.",
+        {"stop_agents": opt(boolean(), "stop every agent too (default false)")},
+        obj({
+            "stopping": req(const(True)),
+            "pid": req(integer(1), "the daemon's process id (wait for it to exit)"),
+            "stop_agents": req(boolean()),
+        }),
+    ),
     "project.create": Method(
         "Make a project of an existing directory; a path that is already a project returns it.",
         {"path": req(string(4096), "absolute path of an existing directory"), "title": opt(string(500)), "project_id": opt(ID)},
