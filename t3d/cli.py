@@ -27,8 +27,8 @@ import t3d
 from t3d.config import Settings, environment_help, load_settings
 from t3d.errors import ConfigError, ServiceError, T3dError
 from t3d.gc_tuning import tune_gc
-from t3d.startup_checks import check_settings
 from t3d.service.notify import NotifyTarget, notify_target
+from t3d.startup_checks import check_settings
 
 # What systemd gives the daemon for notifications; not passed on to the processes it starts.
 NOTIFY_ENVIRONMENT = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
