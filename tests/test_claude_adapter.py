@@ -98,3 +98,23 @@ def test_an_abort_nobody_asked_for_is_not_blamed_on_the_user() -> None:
         and unasked.status == "interrupted"
         and unasked.reason == "provider_aborted"
     )
+
+
+def test_a_bare_result_line_fails_the_turn_with_a_clear_error_and_a_reason() -> None:
+    """``{"type":"result"}`` (no subtype, no text, no errors) ends the turn failed with an
+    error that says what the CLI sent and a reason that is never empty; a result with text
+    but no subtype shows the text, still with that reason."""
+    [ended] = TurnMapper("th", "tu", lambda: 0.0).feed(parse_line(b'{"type":"result"}'))
+    assert isinstance(ended, TurnEnded)
+    assert ended.status == "failed"
+    assert ended.error == "claude ended the turn with a result line that carries no subtype or text"
+    assert ended.reason == "result_without_subtype"
+    [ended] = TurnMapper("th", "tu", lambda: 0.0).feed(
+        parse_line(b'{"type":"result","is_error":true,"result":"quota exceeded"}')
+    )
+    assert isinstance(ended, TurnEnded)
+    assert (ended.status, ended.error, ended.reason) == ("failed", "quota exceeded", "result_without_subtype")
+    [ended] = TurnMapper("th", "tu", lambda: 0.0).feed(parse_line(b'{"type":"result","is_error":false,"result":"done?"}'))
+    assert isinstance(ended, TurnEnded)
+    assert ended.error == "claude ended the turn with a result line that carries no subtype: done?"
+    assert ended.reason

@@ -276,6 +276,25 @@ async def test_a_provider_that_exits_without_a_result_fails_the_turn(
         daemon.stop()
 
 
+async def test_a_bare_result_line_fails_the_turn_with_a_clear_error(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A CLI that ends the turn with a bare ``{"type":"result"}`` (no subtype, no text) fails
+    it with an error saying so and a reason that is not empty; the next turn runs."""
+    with trio.fail_after(20):
+        binary, _ = fake_claude(tmp_path, "bare-result")
+        daemon = await start_daemon(nursery, tmp_path / "state", claude_bin=binary)
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="claude")
+            outcome = await run_turn(client, thread_id, "hello")
+            assert outcome.turn["status"] == "failed"
+            assert outcome.turn["error"] == "claude ended the turn with a result line that carries no subtype or text"
+            assert outcome.turn["reason"] == "result_without_subtype"
+            assert (await run_turn(client, thread_id, "again")).turn["status"] == "completed"
+            await assert_healthy(daemon)
+        daemon.stop()
+
+
 async def test_stderr_that_outlives_the_process_still_explains_the_exit(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:

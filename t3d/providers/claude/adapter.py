@@ -24,6 +24,8 @@ from t3d.providers.claude import events as ce
 from t3d.providers.claude.protocol import final_error_text
 
 RESULT_PREVIEW = 16 * 1024
+# The reason of a turn failed by a result line without a subtype.
+NO_SUBTYPE = "result_without_subtype"
 
 
 @attrs.frozen
@@ -223,7 +225,9 @@ class TurnMapper:
             return [TurnEnded("interrupted", error, "provider_aborted", usage, e.total_cost_usd)]
         if e.is_error or e.subtype != "success":
             error = final_error_text(e) or self.last_error or e.subtype
-            return [TurnEnded("failed", error, e.subtype, usage, e.total_cost_usd)]
+            # The reason is a machine name, never empty (a bare result line has no subtype).
+            reason = e.subtype or NO_SUBTYPE
+            return [TurnEnded("failed", error, reason, usage, e.total_cost_usd)]
         return [TurnEnded("completed", None, None, usage, e.total_cost_usd)]
 
     def open_items(self) -> list[TurnItem]:

@@ -379,7 +379,8 @@ def final_error_text(result: TurnResult) -> str | None:
 
     For an ``is_error`` result this is the ``result`` text (``Not logged in ·
     Please run /login``, ``API Error: 400 …``); failing that the ``errors``
-    list (``No conversation found with session ID: …``), then the subtype. An
+    list (``No conversation found with session ID: …``), then the subtype; a result
+    line with none of these (a bare ``{"type":"result"}``) says so. An
     interrupted turn only carries a CLI diagnostic in ``errors``; callers that
     sent the interrupt should check ``terminal_reason == "aborted_streaming"``
     first.
@@ -390,4 +391,8 @@ def final_error_text(result: TurnResult) -> str | None:
         return result.result_text
     if result.errors:
         return "; ".join(result.errors)
-    return result.subtype or "the turn failed with no error text"
+    if result.subtype:
+        return result.subtype
+    if result.result_text:
+        return f"claude ended the turn with a result line that carries no subtype: {result.result_text[:500]}"
+    return "claude ended the turn with a result line that carries no subtype or text"
