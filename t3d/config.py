@@ -62,6 +62,9 @@ class Settings:
     # full: every commit survives a power loss (an fsync per transaction, on the writer
     # thread); normal: the last commits before a power loss may be lost (README "Durability").
     sqlite_synchronous: str = "full"
+    # Milliseconds a write waits for another process's lock on the database before it
+    # fails as "locked by another process" (provider writes then retry; README).
+    sqlite_busy_timeout_ms: int = 5000
     # Root under which proc/pressure/memory and the agents' cgroup files are read
     # (tests and demos point it at fixture files).
     psi_root: Path = Path("/")
@@ -214,6 +217,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "live_encode_once": ("T3D_LIVE_ENCODE_ONCE", _true_false),
     "provider_commit_batching": ("T3D_PROVIDER_COMMIT_BATCHING", _true_false),
     "sqlite_synchronous": ("T3D_SQLITE_SYNCHRONOUS", _choice("full", "normal")),
+    "sqlite_busy_timeout_ms": ("T3D_SQLITE_BUSY_TIMEOUT_MS", _int_in(0, 600_000)),
     "psi_root": ("T3D_PSI_ROOT", _abs_path),
     "pressure_interval": ("T3D_PRESSURE_INTERVAL", _float_in(0.05, 60.0)),
     "pressure_admission": ("T3D_PRESSURE_ADMISSION", _choice("on", "off")),

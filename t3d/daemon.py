@@ -104,6 +104,7 @@ async def _run_daemon(
             readers=settings.sqlite_reader_pool,
             batching=settings.provider_commit_batching,
             synchronous=settings.sqlite_synchronous,
+            busy_timeout_ms=settings.sqlite_busy_timeout_ms,
             on_writer_lost=on_writer_lost,
         ) as store:
             hub = Hub(encode_once=settings.live_encode_once)
@@ -157,6 +158,10 @@ async def _run_daemon(
                         writer_queue=stats.writer_queue,
                         writer_oldest_job_s=stats.writer_oldest_job_s,
                         readers_busy=stats.readers_busy,
+                        database_unavailable=stats.unavailable,
+                        database_unavailable_s=stats.unavailable_s,
+                        writes_held=stats.writes_held,
+                        writes_failed_unavailable=stats.writes_failed_unavailable,
                         admission=admission.statistics(),
                         sessions=sessions.count,
                         connections=transport.statistics().open_connections,

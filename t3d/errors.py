@@ -28,6 +28,29 @@ class WriterLostError(StoreError):
     """The writer thread died while the daemon ran; the daemon exits with status 1."""
 
 
+class DatabaseUnavailableError(StoreError):
+    """The database cannot take writes for now; the same write can succeed later.
+
+    Client commands fail with it (the API answers JSON-RPC ``UNAVAILABLE``); the daemon's
+    own writes (provider output, turn ends, effect bookkeeping) wait and retry instead.
+    ``reason`` is a stable machine name for it.
+    """
+
+    reason = "database_unavailable"
+
+
+class DatabaseFullError(DatabaseUnavailableError):
+    """The disk (or filesystem) holding the database has no room for the write."""
+
+    reason = "database_full"
+
+
+class DatabaseBusyError(DatabaseUnavailableError):
+    """Another process holds SQLite's write lock for longer than the busy timeout."""
+
+    reason = "database_busy"
+
+
 class ServiceError(T3dError):
     """The daemon's lifecycle: another daemon holds the state dir, or systemd cannot be used
     (exit status 1)."""

@@ -207,7 +207,7 @@ class Sessions:
 
     async def _finish_turn(self, turn_id: str, status: str, error: str, reason: str) -> None:
         with contextlib.suppress(DomainError):  # the turn ended or went away meanwhile
-            await self._store.execute(c.FinishTurn(turn_id, status, error, reason))
+            await self._store.record(c.FinishTurn(turn_id, status, error, reason))
 
     async def _fail_turn(self, turn_id: str, error: str, reason: str) -> None:
         await self._finish_turn(turn_id, "failed", error, reason)

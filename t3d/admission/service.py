@@ -88,7 +88,7 @@ class Admission:
             if reason is not None:
                 self._held_effects[effect.turn_id] = effect
                 try:
-                    await self._store.execute(c.HoldTurn(effect.turn_id, reason))
+                    await self._store.record(c.HoldTurn(effect.turn_id, reason))
                 except DomainError:  # it ended (interrupted) before it could be held
                     self.queue.ended(effect.turn_id)
                     self._held_effects.pop(effect.turn_id, None)
@@ -106,7 +106,7 @@ class Admission:
                 for turn_id in self.queue.admit_next(self.gate.saturated):
                     effect = self._held_effects.pop(turn_id, None)
                     try:
-                        await self._store.execute(c.AdmitTurn(turn_id))
+                        await self._store.record(c.AdmitTurn(turn_id))
                     except DomainError:  # cancelled while held
                         self.queue.ended(turn_id)
                         continue

@@ -38,7 +38,7 @@ from t3d.api.auth import bearer_ok, origin_allowed
 from t3d.api.feeds import Feeds
 from t3d.api.methods import Methods, thread_not_found
 from t3d.api.transport import HttpRequest, HttpResponse
-from t3d.errors import SpawnerError, T3dError
+from t3d.errors import DatabaseUnavailableError, SpawnerError, T3dError
 from t3d.live.budget import CONNECTION_BYTES
 from t3d.live.hub import Hub
 from t3d.live.reads import BaseReader
@@ -63,6 +63,12 @@ def _json(status: int, value: Any) -> HttpResponse:
 
 def _error(status: int, code: str, message: str) -> HttpResponse:
     return _json(status, {"error": {"code": code, "message": message}})
+
+
+def _unavailable(exc: DatabaseUnavailableError, request_id: rpc.RequestId = None) -> rpc.RpcError:
+    """A write the database could not take now (full, locked): JSON-RPC ``UNAVAILABLE``
+    (HTTP 503), the message naming the fix, ``data.reason`` its machine name."""
+    return rpc.RpcError(rpc.UNAVAILABLE, str(exc), {"reason": exc.reason}, request_id)
 
 
 def _rpc_status(exc: rpc.RpcError) -> int:
@@ -120,7 +126,10 @@ class ApiApp:
         if not bearer_ok(request.headers, self._token):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
         try:
-            return await self._route(request)
+            try:
+                return await self._route(request)
+            except DatabaseUnavailableError as exc:
+                raise _unavailable(exc) from exc
         except rpc.RpcError as exc:
             return _json(_rpc_status(exc), {"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
 
@@ -191,6 +200,9 @@ class ApiApp:
             result = await self.methods.call(request.method, request.params)
         except rpc.RpcError as exc:
             return rpc.error_frame(request.id, exc.code, exc.message, exc.data)
+        except DatabaseUnavailableError as exc:
+            error = _unavailable(exc)
+            return rpc.error_frame(request.id, error.code, error.message, error.data)
         except T3dError as exc:
             return rpc.error_frame(request.id, rpc.INTERNAL_ERROR, str(exc))
         return rpc.result_frame(request.id, result)
@@ -315,6 +327,10 @@ class WsConnection:
         except rpc.RpcError as exc:
             request_id = exc.request_id if request is None else request.id
             await self.send(rpc.error_frame(request_id, exc.code, exc.message, exc.data))
+        except DatabaseUnavailableError as exc:
+            assert request is not None
+            error = _unavailable(exc)
+            await self.send(rpc.error_frame(request.id, error.code, error.message, error.data))
         except T3dError as exc:
             assert request is not None
             await self.send(rpc.error_frame(request.id, rpc.INTERNAL_ERROR, str(exc)))

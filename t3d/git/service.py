@@ -193,7 +193,7 @@ class Checkpoints:
 
     async def _record(self, checkpoint: Checkpoint) -> None:
         with contextlib.suppress(DomainError):  # the thread was deleted meanwhile
-            await self._store.execute(c.RecordCheckpoint(checkpoint))
+            await self._store.record(c.RecordCheckpoint(checkpoint))
 
     def _failed(self, effect: CaptureCheckpoint, error: str, status: str = "error") -> Checkpoint:
         return Checkpoint(

@@ -33,6 +33,9 @@ from t3d.domain.model import Entity, JsonDict
 from t3d.errors import DomainError
 from t3d.store.tables import SqlView, apply_event
 
+# Errors of the database, not of a command: they fail the whole batch.
+_DATABASE_ERRORS = (apsw.FullError, apsw.BusyError, apsw.IOError)
+
 
 @attrs.frozen
 class StoredEvent:
@@ -87,7 +90,9 @@ def execute_batch(conn: apsw.Connection, writes: Sequence[Write]) -> list[outcom
 
     A command that fails (a `DomainError`, or any other error of its own) rolls
     back only its own writes, and its outcome carries that error unchanged; the
-    others commit. A failed COMMIT (or an error that ended the transaction)
+    others commit. A failed COMMIT, an error that ended the transaction, or one of
+    the database itself (full, locked, I/O: never a command's own, and a later
+    command must not commit ahead of the one that met it) rolls everything back and
     raises, and then every command of the batch has failed.
     """
     conn.execute("BEGIN IMMEDIATE")
@@ -115,7 +120,7 @@ def _apply(conn: apsw.Connection, write: Write) -> outcome.Outcome[Committed]:
             _write_receipt(conn, write, ok=True, body=result)
         shell = _shell_rows(conn, stored)
     except Exception as exc:
-        if conn.get_autocommit():  # SQLite ended the whole transaction: the batch fails
+        if conn.get_autocommit() or isinstance(exc, _DATABASE_ERRORS):  # the batch fails
             raise
         conn.execute("ROLLBACK TO command")
         conn.execute("RELEASE command")

@@ -3,7 +3,13 @@
 The loop talks to SQLite only through this object: commands go to the writer
 thread (one transaction each), reads go to the reader pool. Committed batches
 are handed to the ``on_commit`` listeners on the loop, after COMMIT and in
-sequence order, before the command's caller wakes.
+sequence order, before the command's caller wakes; a write that did not commit
+is never handed to them.
+
+While the database cannot take writes (a full disk, another process's lock:
+`DatabaseUnavailableError`), `execute` (a client's command) fails with it, and
+`record` / `finish_effect` (the daemon's own writes) wait and retry until the
+write commits; `mark_effects_done` fails and its caller retries later.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,10 +25,12 @@ from typing import Any, TypeVar
 import apsw
 import attrs
 import orjson
+import trio
 
 from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.domain.codec import converter
+from t3d.errors import DatabaseUnavailableError
 from t3d.store import queries as q
 from t3d.store.commit import (
     Committed,
@@ -35,12 +43,11 @@ from t3d.store.commit import (
 from t3d.store.read_classes import ReadClass
 from t3d.store.readers import ReaderPool
 from t3d.store.schema import SYNCHRONOUS, WRITER_PRAGMAS, migrate
-from t3d.store.writer import Pending, WriterThread
+from t3d.store.writer import RETRY_MIN_S, Pending, WriterThread
 
 log = logging.getLogger("t3d.store")
 
 Raw = TypeVar("Raw")
-T = TypeVar("T")
 
 WRITER_QUEUE = 256
 # Bounds of one transaction of batched provider updates (seed 001).
@@ -72,12 +79,24 @@ class StoreStatistics:
     reads_waiting_small: int
     reads_waiting_page: int
     reads_waiting_history: int
+    # Why the database cannot take writes now (None: it can), for how long, the provider
+    # updates held meanwhile, and the writes failed for it since start.
+    unavailable: str | None = None
+    unavailable_s: float = 0.0
+    writes_held: int = 0
+    writes_failed_unavailable: int = 0
 
 
-def _connect_writer(path: str, synchronous: str) -> apsw.Connection:
+T = TypeVar("T")
+
+BUSY_TIMEOUT_MS = 5000
+
+
+def _connect_writer(path: str, synchronous: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> apsw.Connection:
     conn = apsw.Connection(path)
     for pragma in WRITER_PRAGMAS:
         conn.execute(pragma)
+    conn.set_busy_timeout(busy_timeout_ms)
     if synchronous not in SYNCHRONOUS:
         raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
     conn.execute(f"PRAGMA synchronous={synchronous}")
@@ -125,12 +144,25 @@ class Store:
         return await self._writer.run(lambda conn: execute(conn, command, command_id, now, fingerprint), self._publish)
 
     async def record(self, command: c.Command) -> Committed:
-        """Commit a provider session's update. Updates of all sessions already queued
+        """Commit one of the daemon's own writes (a provider session's update, a turn's
+        end, admission's decisions, a checkpoint). Updates of all sessions already queued
         together share one transaction (bounded; see `WriterThread.send_batched`); a
-        turn's end or an opened request commits alone, after every earlier update."""
+        turn's end or an opened request commits alone, after every earlier update.
+        While the database is unavailable it waits and retries until the write commits
+        (raises `DomainError` if it is rejected, as `execute` does)."""
         if not isinstance(command, c.BATCHABLE):
-            return await self.execute(command)
+            return await self._until_committed(lambda: self.execute(command))
         return await (await self.send(command)).outcome()
+
+    async def _until_committed(self, write: Callable[[], Awaitable[T]]) -> T:
+        """``write()``, again each time the database becomes available after it could not
+        take it (the writer probes it with backoff; see writer.py)."""
+        while True:
+            try:
+                return await write()
+            except DatabaseUnavailableError:
+                await trio.sleep(RETRY_MIN_S)
+                await self._writer.wait_available()
 
     async def send(self, command: c.Command) -> Pending[Committed]:
         """Hand a provider update to the writer and return at once, its place in the commit
@@ -146,13 +178,21 @@ class Store:
         return pending
 
     async def mark_effects_done(self, ids: list[int]) -> None:
+        """Mark these outbox rows done; raises `DatabaseUnavailableError` when the database
+        cannot take it (the effect worker keeps the ids and tries again later)."""
         now = self._clock()
         await self._writer.run(lambda conn: mark_effects_done(conn, ids, now))
 
     async def finish_effect(self, effect: ev.Effect) -> None:
-        """Mark an effect of `DONE_WHEN_FINISHED` done: its work is finished."""
+        """Mark an effect of `DONE_WHEN_FINISHED` done: its work is finished. Waits while
+        the database is unavailable, like `record`."""
         now, kind, payload = self._clock(), type(effect).__name__, orjson.dumps(converter.unstructure(effect))
-        await self._writer.run(lambda conn: finish_effect(conn, kind, payload, now))
+        await self._until_committed(lambda: self._writer.run(lambda conn: finish_effect(conn, kind, payload, now)))
+
+    @property
+    def unavailable(self) -> DatabaseUnavailableError | None:
+        """Why the database cannot take writes now, or None when it can."""
+        return self._writer.unavailable
 
     async def pending_effects(self) -> list[tuple[int, ev.Effect]]:
         def query(conn: apsw.Connection) -> list[tuple[int, str, bytes]]:
@@ -197,6 +237,7 @@ class Store:
 
     def statistics(self) -> StoreStatistics:
         readers = self._readers.statistics()
+        writer = self._writer
         return StoreStatistics(
             writer_queue=self._writer.queued,
             writer_oldest_job_s=self._writer.oldest_job_age(),
@@ -208,6 +249,10 @@ class Store:
             reads_waiting_small=readers.waiting_small,
             reads_waiting_page=readers.waiting_page,
             reads_waiting_history=readers.waiting_history,
+            unavailable=None if writer.unavailable is None else str(writer.unavailable),
+            unavailable_s=0.0 if writer.unavailable is None else trio.current_time() - writer.unavailable_since,
+            writes_held=writer.held_jobs,
+            writes_failed_unavailable=writer.unavailable_failures,
         )
 
 
@@ -218,20 +263,26 @@ async def open_store(
     readers: int = 4,
     batching: bool = True,
     synchronous: str = "full",
+    busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     on_writer_lost: Callable[[BaseException | None], None],
     clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Store]:
     """Open (creating and migrating) the database, then run restart recovery.
     ``batching=False`` commits each provider update in its own transaction;
-    ``synchronous`` is ``full`` or ``normal`` (schema.SYNCHRONOUS says what each costs)."""
+    ``synchronous`` is ``full`` or ``normal`` (schema.SYNCHRONOUS says what each costs);
+    ``busy_timeout_ms``: how long a write waits for another process's lock before it
+    counts as unavailable. A database that cannot take writes at start raises its
+    `DatabaseUnavailableError` (the daemon exits 1 naming the cause)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     writer = WriterThread(
-        lambda: _connect_writer(os.fspath(path), synchronous),
+        lambda: _connect_writer(os.fspath(path), synchronous, busy_timeout_ms),
         capacity=WRITER_QUEUE,
         on_lost=on_writer_lost,
         execute_batch=execute_batch,
         max_batch_jobs=BATCH_JOBS if batching else 1,
         max_batch_bytes=BATCH_BYTES,
+        db_path=os.fspath(path),
+        busy_timeout_ms=busy_timeout_ms,
     )
     await writer.start()
     pool = ReaderPool(os.fspath(path), readers)
