@@ -190,3 +190,23 @@ async def _failing(served: Served, reason: str) -> bool:
 async def _healthy(served: Served) -> bool:
     status, body = await _health(served)
     return status == 200 and body["status"] != "failing"
+
+
+async def test_sigterm_while_the_disk_is_full_still_stops_the_daemon_cleanly(tmp_path: Path) -> None:
+    """SIGTERM while provider updates wait for room: the daemon stops within its bounds with
+    status 0, logging how many updates could not be written (none was committed, so none
+    is lost), and the database opens intact afterwards."""
+    binary, _ = fake_claude(tmp_path, "chunks")
+    env = base_env(MISBEHAVING_STOP=str(tmp_path / "stop"), MISBEHAVING_CHUNK_PAUSE="0.02")
+    with small_tmpfs(tmp_path / "state") as state, trio.fail_after(120):
+        async with serve(state, "--claude-bin", binary, env=env) as served, open_ws(served) as client:
+            _, turn_id = await _start_streaming(client, _project(tmp_path))
+            await wait_until(lambda: _count_at_least(served, turn_id, 10), interval=0.05)
+            await trio.to_thread.run_sync(fill, state / "ballast")
+            await wait_until(lambda: _failing(served, "the database is full"), interval=0.1)
+            await _sigterm_exits_0(served)
+        assert "could not be written before the database closed" in served.stderr_text()
+        assert "Traceback" not in served.stderr_text(), served.stderr_text()[-3000:]
+        (state / "ballast").unlink()
+        [(integrity,)] = await query(served.db_path, "PRAGMA integrity_check")
+        assert integrity == "ok"

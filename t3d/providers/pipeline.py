@@ -20,6 +20,10 @@ Rules:
   reported to ``on_rejected``, as the session did before; any other error is
   raised from the next `write` or `drain`, so it reaches the session's
   supervisor.
+- The database unavailable (a full disk, another process's lock) is not an
+  error here: the writer holds updates and retries them in order, and a barrier
+  goes through `Store.record`, which waits and retries; the session waits at the
+  bound meanwhile, so it stops reading its CLI's stdout, and nothing is dropped.
 """
 
 from __future__ import annotations
