@@ -27,6 +27,7 @@ import t3d
 from t3d.config import Settings, environment_help, load_settings
 from t3d.errors import ConfigError, ServiceError, T3dError
 from t3d.gc_tuning import tune_gc
+from t3d.malloc_tuning import tune_malloc
 from t3d.service.notify import NotifyTarget, notify_target
 from t3d.startup_checks import check_settings
 
@@ -176,6 +177,7 @@ def serve(args: argparse.Namespace) -> int:
     notify = notify_target(os.environ, os.getpid())
     for name in NOTIFY_ENVIRONMENT:
         os.environ.pop(name, None)
+    tune_malloc()
     try:
         trio.run(_serve, settings, notify, _stdin_is_terminal())
     except BaseException as exc:

@@ -9,6 +9,7 @@ tmpfs of a few MiB (root only; the test is skipped with the reason elsewhere), a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -49,10 +50,8 @@ async def lock_held_by_another_process(db_path: Path) -> AsyncIterator[trio.Proc
         yield process
     finally:
         with trio.CancelScope(shield=True):
-            try:
+            with contextlib.suppress(trio.BrokenResourceError):
                 await process.stdin.send_all(b"go\n")
-            except trio.BrokenResourceError:
-                pass
             with trio.move_on_after(10):
                 await process.wait()
             if process.returncode is None:

@@ -66,10 +66,10 @@ async def _start_streaming(client: RpcClient, project: Path) -> tuple[str, str]:
 async def _stop_and_check_the_turn(served: Served, stop: Path, turn_id: str) -> tuple[int, int]:
     """Stop the stream; wait for the turn to complete; every message the provider sent is
     stored, each exactly once. (sent, stored)."""
-    stop.touch()
+    await trio.Path(stop).touch()
     with trio.fail_after(60):
         await wait_until(lambda: _completed(served, turn_id), interval=0.1)
-    sent = int(Path(f"{stop}.count").read_text())
+    sent = int(await trio.Path(f"{stop}.count").read_text())
     texts = await _items(served, turn_id)
     numbers = sorted(int(text.split("#", 1)[1].split(":", 1)[0]) for text in texts)
     assert numbers == list(range(sent)), (len(numbers), sent)

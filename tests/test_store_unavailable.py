@@ -98,17 +98,16 @@ async def test_a_lock_held_by_another_process_fails_client_commands_and_provider
             await _running_turn(store, tmp_path)
             kinds: list[str] = []
             store.on_commit(lambda done: kinds.extend(e.kind for e in done.events))
-            async with trio.open_nursery() as nursery:
-                async with lock_held_by_another_process(tmp_path / "db") as holder:
-                    with pytest.raises(DatabaseBusyError, match=f"^the database is locked by another process: pid {holder.pid} ") as raised:
-                        await store.execute(c.CreateProject("p2", "/p2"))
-                    assert isinstance(raised.value.__cause__, apsw.BusyError)
-                    assert str(raised.value).endswith("holds a write transaction on " + str(tmp_path / "db") + "; end that transaction")
-                    update = await store.send(c.RecordItems("u0", (_item("u0", "a", 10),)))
-                    nursery.start_soon(store.record, c.FinishTurn("u0", "completed"))
-                    await wait_until(lambda: store.statistics().writes_held == 1)
-                    await trio.sleep(0.6)  # a few retries, all refused
-                    assert kinds == [] and store.unavailable is not None
+            async with trio.open_nursery() as nursery, lock_held_by_another_process(tmp_path / "db") as holder:
+                with pytest.raises(DatabaseBusyError, match=f"^the database is locked by another process: pid {holder.pid} ") as raised:
+                    await store.execute(c.CreateProject("p2", "/p2"))
+                assert isinstance(raised.value.__cause__, apsw.BusyError)
+                assert str(raised.value).endswith("holds a write transaction on " + str(tmp_path / "db") + "; end that transaction")
+                update = await store.send(c.RecordItems("u0", (_item("u0", "a", 10),)))
+                nursery.start_soon(store.record, c.FinishTurn("u0", "completed"))
+                await wait_until(lambda: store.statistics().writes_held == 1)
+                await trio.sleep(0.6)  # a few retries, all refused
+                assert kinds == [] and store.unavailable is not None
             assert isinstance(await update.outcome(), Committed)
             assert [k for k in kinds if k != "thread.updated"] == ["item.updated", "turn.updated"]
             assert store.unavailable is None

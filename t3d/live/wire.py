@@ -1,39 +1,44 @@
 """The wire form of entities and events: large fields summarized, encoded once. Pure.
 
 Rules:
-- An entity whose stored payload is at most `FIELD_LIMIT` bytes goes on the
-  wire as stored: the same bytes object, never decoded (the common case costs
-  one length check).
-- In a larger one, every string over `FIELD_LIMIT` UTF-8 bytes, wherever it
-  sits (command output, file bodies, tool results, long text), is cut to its
-  first `HEAD_BYTES` bytes at a character boundary and listed in the entity's
-  ``truncated`` field as ``{"path": [...], "bytes": <full size>}``.
-  ``item.detail`` returns the full value of any listed path.
-- The ``text`` of a message item (user, assistant, reasoning) is what a user
-  reads as it streams, so it is kept up to `TEXT_LIMIT` and only beyond that
-  cut (to its first `TEXT_LIMIT` bytes, listed likewise).
-- An entity still over `ENTITY_LIMIT` after that (many mid-sized fields),
-  message text aside, has its largest top-level containers replaced by
-  ``null``, then its top-level strings cut to `HEAD_BYTES`, each listed
-  likewise. So every wire entity is at most about `ENTITY_LIMIT` (plus a
-  message's text, at most `TEXT_LIMIT`), and a snapshot chunk always holds one.
+- An entity goes on the wire as its summary (t3d/store/summary.py: an entity up
+  to `FIELD_LIMIT` bytes as stored, the same bytes object; in a larger one every
+  large field cut to its head and listed in ``truncated``, which ``item.detail``
+  returns whole).
 - The functions are deterministic: the same payload gives the same bytes,
   whether it goes out live, in a replay or in a snapshot.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 
-FIELD_LIMIT = 16 * 1024
-HEAD_BYTES = 4 * 1024
-ENTITY_LIMIT = 64 * 1024
-TEXT_LIMIT = 128 * 1024
-MESSAGE_KINDS = frozenset({"user_message", "assistant_message", "reasoning"})
+from t3d.store.summary import (
+    ENTITY_LIMIT,
+    FIELD_LIMIT,
+    HEAD_BYTES,
+    MESSAGE_KINDS,
+    TEXT_LIMIT,
+    Path,
+    summarize_entity,
+    summarize_payload,
+    value_at,
+)
 
-Path = list[str | int]
+__all__ = [
+    "ENTITY_LIMIT",
+    "FIELD_LIMIT",
+    "HEAD_BYTES",
+    "MESSAGE_KINDS",
+    "TEXT_LIMIT",
+    "Path",
+    "event_frame",
+    "shell_row_frame",
+    "summarize_entity",
+    "summarize_payload",
+    "value_at",
+    "wire_event",
+]
 
 
 def wire_event(kind: str, sequence: int, entity: bytes) -> bytes:
@@ -51,102 +56,3 @@ def shell_row_frame(thread_id: str, sequence: int, payload: bytes | None) -> byt
     if payload is None:
         return wire_event("shell.removed", sequence, orjson.dumps({"id": thread_id}))
     return wire_event("shell.updated", sequence, payload)
-
-
-def summarize_payload(payload: bytes) -> bytes:
-    """``payload`` itself if nothing in it is large, else its summarized encoding."""
-    if len(payload) <= FIELD_LIMIT:
-        return payload
-    entity = orjson.loads(payload)
-    if not isinstance(entity, dict):
-        return payload
-    cut = summarize_entity(entity, large=len(payload) > ENTITY_LIMIT)
-    return orjson.dumps(entity) if cut else payload
-
-
-def summarize_entity(entity: dict[str, Any], *, large: bool = True) -> list[dict[str, Any]]:
-    """Summarize ``entity`` in place; return what was cut (also set as ``entity["truncated"]``).
-    ``large=False`` promises the entity encodes to at most ENTITY_LIMIT (a cheaper path)."""
-    # Stored sizes of the top-level containers, in case one must go whole (cutting strings
-    # first would make them look smaller than what item.detail returns).
-    containers = _container_sizes(entity) if large else {}
-    message_text = entity.get("text") if entity.get("kind") in MESSAGE_KINDS else None
-    if isinstance(message_text, str):
-        entity["text"] = ""  # held aside (in place, to keep the key order)
-    cut = _cut_long_strings(entity, FIELD_LIMIT)
-    size = len(orjson.dumps(entity))
-    if size > ENTITY_LIMIT:
-        size = _drop_large_containers(entity, size, containers, cut)
-    if size > ENTITY_LIMIT:
-        for key, value in entity.items():
-            if isinstance(value, str) and _utf8_size(value) > HEAD_BYTES:
-                cut.append({"path": [key], "bytes": _utf8_size(value)})
-                entity[key] = _head(value)
-    if isinstance(message_text, str):
-        if len(message_text) * 4 > TEXT_LIMIT and (size := _utf8_size(message_text)) > TEXT_LIMIT:
-            cut.append({"path": ["text"], "bytes": size})
-            message_text = _head(message_text, TEXT_LIMIT)
-        entity["text"] = message_text
-    if cut:
-        entity["truncated"] = cut
-    return cut
-
-
-def _utf8_size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode())
-
-
-def _head(text: str, size: int = HEAD_BYTES) -> str:
-    return text.encode()[:size].decode("utf-8", "ignore")
-
-
-def _cut_long_strings(root: dict[str, Any], limit: int) -> list[dict[str, Any]]:
-    """Cut every string over ``limit`` bytes in ``root`` (any depth, no recursion) to its head."""
-    cut: list[dict[str, Any]] = []
-    stack: list[tuple[dict[str, Any] | list[Any], Path]] = [(root, [])]
-    while stack:
-        node, path = stack.pop()
-        pairs: list[tuple[Any, Any]] = list(node.items() if isinstance(node, dict) else enumerate(node))
-        for key, value in pairs:
-            if isinstance(value, str):
-                # A string of n characters has at most 4n bytes: most need no encoding to know.
-                if len(value) * 4 > limit and (size := _utf8_size(value)) > limit:
-                    cut.append({"path": [*path, key], "bytes": size})
-                    node[key] = _head(value)
-            elif isinstance(value, (dict, list)):
-                stack.append((value, [*path, key]))
-    cut.sort(key=lambda c: [str(p) for p in c["path"]])
-    return cut
-
-
-def _container_sizes(entity: dict[str, Any]) -> dict[str, int]:
-    return {k: len(orjson.dumps(v)) for k, v in entity.items() if isinstance(v, (dict, list))}
-
-
-def _drop_large_containers(
-    entity: dict[str, Any], size: int, stored: dict[str, int], cut: list[dict[str, Any]]
-) -> int:
-    """Replace the largest top-level containers by null until the entity fits; ``stored``
-    holds their sizes before any string in them was cut."""
-    now = sorted(((len(orjson.dumps(entity[k])), k) for k in stored), reverse=True)
-    for bytes_now, key in now:
-        if size <= ENTITY_LIMIT or bytes_now <= HEAD_BYTES:
-            break
-        entity[key] = None
-        cut[:] = [c for c in cut if c["path"][0] != key]  # the whole container is listed instead
-        cut.append({"path": [key], "bytes": stored[key]})
-        size -= bytes_now - 4
-    return size
-
-
-def value_at(entity: Any, path: Path) -> Any:
-    """The value at ``path`` in ``entity``; KeyError naming the first step that is missing."""
-    value = entity
-    for depth, step in enumerate(path):
-        found = (isinstance(value, dict) and isinstance(step, str) and step in value) or (
-            isinstance(value, list) and isinstance(step, int) and -len(value) <= step < len(value)
-        )
-        if not found:
-            raise KeyError(f"{step!r} not found at {path[:depth]!r}")
-        value = value[step]
-    return value

@@ -31,8 +31,14 @@ from t3d.domain.decide import decide
 from t3d.domain.events import Effect
 from t3d.domain.model import Entity, JsonDict
 from t3d.errors import DomainError
+from t3d.store.summary import json_copy, summarize_value
 from t3d.store.tables import SqlView, apply_event
 
+# An item or request whose JSON is over this many bytes is stored once: whole in its
+# projection row (what snapshots and item.detail read), while its event keeps the summary
+# the wire shows (summary.py), which is also what a replay of it sends.
+STORE_ONCE_BYTES = 1 << 20
+STORE_ONCE_KINDS = frozenset({"item.updated", "request.updated"})
 # Errors of the database, not of a command: they fail the whole batch.
 _DATABASE_ERRORS = (apsw.FullError, apsw.BusyError, apsw.IOError)
 
@@ -43,7 +49,8 @@ class StoredEvent:
     kind: str
     thread_id: str | None
     entity: Entity
-    # The entity's JSON, encoded once; the same bytes go to disk and to the wire.
+    # The entity's JSON, encoded once; the same bytes go to disk and to the wire (for an
+    # entity over STORE_ONCE_BYTES: its summary, as the event stores it).
     payload: bytes
     created_at: float
 
@@ -174,13 +181,18 @@ def _write_receipt(conn: apsw.Connection, write: Write, *, ok: bool, body: JsonD
 
 
 def _append(conn: apsw.Connection, event: Any, now: float) -> StoredEvent:
-    payload = orjson.dumps(to_json(event.entity))
+    value = to_json(event.entity)
+    payload = orjson.dumps(value)
+    apply_event(conn, event, payload)
+    if len(payload) > STORE_ONCE_BYTES and event.kind in STORE_ONCE_KINDS:
+        # The whole entity is in its row; the event keeps its summary (no copy of the large
+        # strings is made for it: they are cut from a copy of the containers only).
+        payload = summarize_value(json_copy(value), len(payload)) or payload
     conn.execute(
         "INSERT INTO events(kind, thread_id, entity_id, payload, created_at) VALUES (?,?,?,?,?)",
         (event.kind, event.thread_id, event.entity.id, payload, now),
     )
     sequence = conn.last_insert_rowid()
-    apply_event(conn, event, payload)
     return StoredEvent(sequence, event.kind, event.thread_id, event.entity, payload, now)
 
 

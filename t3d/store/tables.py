@@ -135,11 +135,11 @@ _TABLES: dict[type, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def _upsert_sql(table: str, columns: tuple[str, ...], updated: tuple[str, ...]) -> str:
+def _upsert_sql(table: str, columns: tuple[str, ...], updated: tuple[str, ...], body: str = "?") -> str:
     names = ("id", *columns, "body")
     sets = ", ".join(f"{c} = excluded.{c}" for c in (*updated, "body"))
     return (
-        f"INSERT INTO {table}({', '.join(names)}) VALUES ({', '.join('?' * len(names))}) "
+        f"INSERT INTO {table}({', '.join(names)}) VALUES ({', '.join(['?'] * (len(names) - 1) + [body])}) "
         f"ON CONFLICT(id) DO UPDATE SET {sets}"
     )
 
@@ -147,10 +147,29 @@ def _upsert_sql(table: str, columns: tuple[str, ...], updated: tuple[str, ...]) 
 _UPSERTS = {kind: (_upsert_sql(*spec), spec[1]) for kind, spec in _TABLES.items()}
 
 
+# The same, with a body of zeros of the given size, to be written in place afterwards.
+_LARGE_UPSERTS = {kind: (_upsert_sql(*spec, body="zeroblob(?)"), spec[0]) for kind, spec in _TABLES.items()}
+# A body over this many bytes is written in pieces of this size through SQLite's incremental
+# blob I/O: bound whole, SQLite would hold two more copies of it while the statement runs.
+BLOB_PIECE_BYTES = 1 << 20
+
+
 def _upsert(conn: apsw.Connection, entity: object, body: bytes) -> None:
     """Replace the entity's row (insert it if new: the count triggers fire only then)."""
-    sql, columns = _UPSERTS[type(entity)]
-    conn.execute(sql, (entity.id, *(getattr(entity, c) for c in columns), body))  # type: ignore[attr-defined]
+    keys = (entity.id, *(getattr(entity, c) for c in _UPSERTS[type(entity)][1]))  # type: ignore[attr-defined]
+    if len(body) <= BLOB_PIECE_BYTES:
+        conn.execute(_UPSERTS[type(entity)][0], (*keys, body))
+        return
+    sql, table = _LARGE_UPSERTS[type(entity)]
+    conn.execute(sql, (*keys, len(body)))
+    rowid = conn.execute(f"SELECT rowid FROM {table} WHERE id = ?", (keys[0],)).get
+    blob = conn.blob_open("main", table, "body", rowid, True)
+    try:
+        view = memoryview(body)
+        for start in range(0, len(body), BLOB_PIECE_BYTES):
+            blob.write(view[start : start + BLOB_PIECE_BYTES])
+    finally:
+        blob.close()
 
 
 def delete_thread_rows(conn: apsw.Connection, thread_id: str) -> None:
