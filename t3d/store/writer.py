@@ -46,7 +46,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import apsw
 import outcome
@@ -54,6 +54,9 @@ import trio
 
 from t3d.errors import DatabaseUnavailableError, StoreError, WriterClosedError
 from t3d.store import availability
+from t3d.store.jobs import BatchableJob, ExecuteBatch, Job, Pending
+
+__all__ = ["RETRY_MAX_S", "RETRY_MIN_S", "ExecuteBatch", "Pending", "WriterThread"]
 
 log = logging.getLogger("t3d.store")
 
@@ -67,54 +70,6 @@ RETRY_MIN_S = 0.1
 RETRY_MAX_S = 1.0
 # Estimated payload of batchable jobs in flight at once (held ones included).
 MAX_INFLIGHT_BYTES = 64 * 1024 * 1024
-
-
-class _Job(Generic[T]):
-    __slots__ = ("deliver", "done", "fn", "result")
-
-    def __init__(self, fn: Callable[[apsw.Connection], T], deliver: Callable[[T], None] | None) -> None:
-        self.fn = fn
-        self.deliver = deliver
-        self.done = trio.Event()
-        self.result: outcome.Outcome[T] | None = None
-
-
-class _BatchableJob(_Job[T]):
-    """A job that may share a transaction: ``item`` goes to ``execute_batch``."""
-
-    __slots__ = ("item", "size")
-
-    def __init__(self, item: object, size: int, deliver: Callable[[T], None] | None) -> None:
-        super().__init__(_unbatched, deliver)
-        self.item = item
-        self.size = size
-
-
-def _unbatched(conn: apsw.Connection) -> Any:
-    raise AssertionError("a batchable job runs through execute_batch")
-
-
-class Pending(Generic[T]):
-    """A job handed to the writer whose outcome is awaited later."""
-
-    __slots__ = ("_job",)
-
-    def __init__(self, job: _Job[T]) -> None:
-        self._job = job
-
-    async def settled(self) -> None:
-        """Wait until the job is done, leaving its outcome to `outcome`."""
-        await self._job.done.wait()
-
-    async def outcome(self) -> T:
-        """The job's result once it committed, or its error (a cancelled wait leaves the
-        job running: it still commits)."""
-        await self._job.done.wait()
-        assert self._job.result is not None
-        return self._job.result.unwrap()
-
-
-ExecuteBatch = Callable[[apsw.Connection, list[Any]], list[outcome.Outcome[Any]]]
 
 
 class WriterThread:
@@ -155,7 +110,7 @@ class WriterThread:
         self.largest_batch = 0
         self._carried: Any = None  # taken off the queue while draining a batch; it runs next
         # When each unfinished job was sent (loop side), oldest first.
-        self._sent_at: dict[_Job[Any], float] = {}
+        self._sent_at: dict[Job[Any], float] = {}
         # Loop side: why the database cannot take writes now (None: it can), and since when.
         self.unavailable: DatabaseUnavailableError | None = None
         self.unavailable_since = 0.0
@@ -164,7 +119,7 @@ class WriterThread:
         self._available.set()
         # Thread side: the trouble, held batchable jobs (oldest first), next retry.
         self._trouble: DatabaseUnavailableError | None = None
-        self._held: deque[_BatchableJob[Any]] = deque()
+        self._held: deque[BatchableJob[Any]] = deque()
         self.held_jobs = 0  # len(_held), readable from the loop
         self._retry_delay = RETRY_MIN_S
         self._retry_at = 0.0
@@ -203,7 +158,7 @@ class WriterThread:
         caller wakes, in commit order; use it to publish committed events.
         If the caller is cancelled, the job still runs to completion.
         """
-        job = _Job(fn, deliver)
+        job = Job(fn, deliver)
         await self._send(job)
         return await Pending(job).outcome()
 
@@ -214,16 +169,16 @@ class WriterThread:
         later (`Pending.outcome`). Waits only for a free place in the bounded queue (and for
         room within ``max_inflight_bytes``)."""
         assert self._execute_batch is not None, "this writer has no execute_batch"
-        job: _BatchableJob[T] = _BatchableJob(item, size, deliver)
+        job: BatchableJob[T] = BatchableJob(item, size, deliver)
         await self._send(job)
         return Pending(job)
 
-    async def _send(self, job: _Job[Any]) -> None:
+    async def _send(self, job: Job[Any]) -> None:
         self._check_open()
-        batchable = isinstance(job, _BatchableJob)
+        batchable = isinstance(job, BatchableJob)
         await (self._batch_slots if batchable else self._slots).acquire()
         try:
-            if isinstance(job, _BatchableJob):
+            if isinstance(job, BatchableJob):
                 while self._inflight_bytes and self._inflight_bytes + job.size > self._max_inflight_bytes:
                     self._check_open()
                     await self._bytes_freed.wait()
@@ -231,7 +186,7 @@ class WriterThread:
         except BaseException:
             (self._batch_slots if batchable else self._slots).release()
             raise
-        if isinstance(job, _BatchableJob):
+        if isinstance(job, BatchableJob):
             self._inflight_bytes += job.size
         self._sent_at[job] = trio.current_time()
         self._queue.put(job)
@@ -298,7 +253,7 @@ class WriterThread:
                     self._retry_held(conn)
                 self._give_up_held()
                 return
-            if isinstance(job, _BatchableJob):
+            if isinstance(job, BatchableJob):
                 if self._held:  # behind the held ones, in order
                     self._hold([job])
                 else:
@@ -331,7 +286,7 @@ class WriterThread:
             self._schedule_retry()
         return None
 
-    def _run_one(self, conn: apsw.Connection, job: _Job[Any]) -> None:
+    def _run_one(self, conn: apsw.Connection, job: Job[Any]) -> None:
         job.result = result = outcome.capture(job.fn, conn)
         if isinstance(result, outcome.Error):
             trouble = self._unavailable(conn, result.error)
@@ -342,7 +297,7 @@ class WriterThread:
             self._recovered()
         self._finish([job])
 
-    def _drain_batch(self, first: _BatchableJob[Any]) -> tuple[list[_BatchableJob[Any]], Any]:
+    def _drain_batch(self, first: BatchableJob[Any]) -> tuple[list[BatchableJob[Any]], Any]:
         """``first`` and the batchable jobs already queued behind it, within the bounds;
         also the job that ended the batch, if one was taken off the queue."""
         batch, size = [first], first.size
@@ -351,13 +306,13 @@ class WriterThread:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return batch, None
-            if not isinstance(job, _BatchableJob) or size + job.size > self._max_batch_bytes:
+            if not isinstance(job, BatchableJob) or size + job.size > self._max_batch_bytes:
                 return batch, job
             batch.append(job)
             size += job.size
         return batch, None
 
-    def _commit_batch(self, conn: apsw.Connection, batch: list[_BatchableJob[Any]]) -> bool:
+    def _commit_batch(self, conn: apsw.Connection, batch: list[BatchableJob[Any]]) -> bool:
         """Run ``batch`` as one transaction and finish its jobs; False (the jobs held, at
         the front, in order) if the database could not take it."""
         assert self._execute_batch is not None
@@ -395,7 +350,7 @@ class WriterThread:
             if not self._commit_batch(conn, batch):
                 return
 
-    def _hold(self, jobs: list[_BatchableJob[Any]], *, front: bool = False) -> None:
+    def _hold(self, jobs: list[BatchableJob[Any]], *, front: bool = False) -> None:
         if front:
             self._held.extendleft(reversed(jobs))
         else:
@@ -448,11 +403,11 @@ class WriterThread:
         self._trouble = None
         self._token.run_sync_soon(self._set_unavailable, None)
 
-    def _finish(self, jobs: Sequence[_Job[Any]]) -> None:
+    def _finish(self, jobs: Sequence[Job[Any]]) -> None:
         self.jobs_done += len(jobs)
         self._token.run_sync_soon(self._complete, jobs)
 
-    def _complete(self, jobs: Sequence[_Job[Any]]) -> None:
+    def _complete(self, jobs: Sequence[Job[Any]]) -> None:
         for job in jobs:
             if isinstance(job.result, outcome.Error) and isinstance(job.result.error, DatabaseUnavailableError):
                 self.unavailable_failures += 1
@@ -464,10 +419,10 @@ class WriterThread:
                     job.result = outcome.Error(StoreError(f"the write committed but could not be delivered: {exc!r}"))
             self._release(job)
 
-    def _release(self, job: _Job[Any]) -> None:
+    def _release(self, job: Job[Any]) -> None:
         self._sent_at.pop(job, None)
         job.done.set()
-        if isinstance(job, _BatchableJob):
+        if isinstance(job, BatchableJob):
             self._inflight_bytes -= job.size
             self._wake_senders()
             self._batch_slots.release()
