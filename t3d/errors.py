@@ -33,22 +33,26 @@ class DatabaseUnavailableError(StoreError):
 
     Client commands fail with it (the API answers JSON-RPC ``UNAVAILABLE``); the daemon's
     own writes (provider output, turn ends, effect bookkeeping) wait and retry instead.
-    ``reason`` is a stable machine name for it.
+    ``reason`` is a stable machine name for it; ``headline`` says what it is in a few
+    words, naming no path or process (what unauthenticated health shows).
     """
 
     reason = "database_unavailable"
+    headline = "the database cannot take writes"
 
 
 class DatabaseFullError(DatabaseUnavailableError):
     """The disk (or filesystem) holding the database has no room for the write."""
 
     reason = "database_full"
+    headline = "the database is full: free space on the disk of the state dir"
 
 
 class DatabaseBusyError(DatabaseUnavailableError):
     """Another process holds SQLite's write lock for longer than the busy timeout."""
 
     reason = "database_busy"
+    headline = "the database is locked by another process"
 
 
 class ServiceError(T3dError):

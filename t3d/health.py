@@ -2,7 +2,8 @@
 from the loop in microseconds even when the disk is saturated. Pure.
 
 Status: ``failing`` while the database cannot take writes (a full disk, another
-process holding its lock: the reason says which and what to do), or when the
+process holding its lock: the reason says which, ``writer.unavailable`` names the
+directory or the process), or when the
 database writer has not finished a job for `WRITER_STUCK_S` (commits are
 stuck: the disk or the writer is in trouble);
 ``degraded`` when the admission gate is saturated, the writer's oldest job has
@@ -27,6 +28,7 @@ def health_report(
     writer_oldest_job_s: float,
     readers_busy: int,
     database_unavailable: str | None = None,
+    database_unavailable_detail: str | None = None,
     database_unavailable_s: float = 0.0,
     writes_held: int = 0,
     writes_failed_unavailable: int = 0,
@@ -58,7 +60,7 @@ def health_report(
         "writer": {
             "queue": writer_queue,
             "oldest_job_s": round(writer_oldest_job_s, 3),
-            "unavailable": database_unavailable,
+            "unavailable": database_unavailable_detail,
             "held": writes_held,
             "failed_unavailable": writes_failed_unavailable,
         },

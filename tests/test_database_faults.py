@@ -23,6 +23,8 @@ from served import Served, base_env, open_ws, query, serve
 from test_provider_failures import fake_claude
 
 UNAVAILABLE = -32003
+FULL = "the database is full: free space on the disk of the state dir"
+LOCKED = "the database is locked by another process"
 
 
 async def _items(served: Served, turn_id: str) -> list[str]:
@@ -112,7 +114,7 @@ async def test_a_full_disk_fails_calls_clearly_holds_provider_output_and_all_goe
             await trio.to_thread.run_sync(fill, ballast)
             expected = f"the database is full: free space on {state}"
 
-            await wait_until(lambda: _failing(served, expected), interval=0.1)
+            await wait_until(lambda: _failing(served, FULL, expected), interval=0.1)
             full_failed, full_succeeded = await _calls(client, thread_id, 20, expected)
             assert full_failed >= 1
             status, body = await http(  # type: ignore[arg-type]
@@ -164,10 +166,18 @@ async def test_a_lock_held_by_another_process_past_the_busy_timeout_is_waited_ou
             await wait_until(lambda: _count_at_least(served, turn_id, 10), interval=0.05)
             async with lock_held_by_another_process(served.db_path) as holder:
                 expected = f"the database is locked by another process: pid {holder.pid} "
-                await wait_until(lambda: _failing(served, expected), interval=0.1)
+                await wait_until(lambda: _failing(served, LOCKED, expected), interval=0.1)
                 failed, succeeded = await _calls(client, thread_id, 3, expected)
                 assert failed >= 1
                 health_status, health = await _health(served)
+                # Over HTTP: the JSON-RPC envelope on /api/dispatch, 503 with it on a REST route.
+                rename = {"jsonrpc": "2.0", "id": 9, "method": "thread.rename", "params": {"thread_id": thread_id, "title": "y"}}
+                status, body = await http(served, "POST", "/api/dispatch", rename)  # type: ignore[arg-type]
+                assert status == 200 and body["id"] == 9 and body["error"]["code"] == UNAVAILABLE, body
+                assert body["error"]["message"].startswith(expected) and body["error"]["data"] == {"reason": "database_busy"}
+                status, body = await http(served, "POST", "/api/requests/nope/respond", {"decision": "allow"})  # type: ignore[arg-type]
+                assert status == 503 and body["error"]["code"] == UNAVAILABLE, (status, body)
+                assert body["error"]["message"].startswith(expected)
                 await trio.sleep(1.0)
             await wait_until(lambda: _healthy(served), interval=0.1)
             assert await _calls(client, thread_id, 5, expected) == (0, 5)
@@ -182,9 +192,16 @@ async def _count_at_least(served: Served, turn_id: str, count: int) -> bool:
     return bool(rows[0][0] >= count)
 
 
-async def _failing(served: Served, reason: str) -> bool:
+async def _failing(served: Served, headline: str, detail: str) -> bool:
+    """Health is failing for the database: a reason starting with ``headline`` (it names no
+    path or process), and the writer section's whole message starting with ``detail``."""
     status, body = await _health(served)
-    return status == 503 and body["status"] == "failing" and any(r.startswith(reason) for r in body["reasons"])
+    return (
+        status == 503
+        and body["status"] == "failing"
+        and any(r.startswith(headline + " (for ") for r in body["reasons"])
+        and (body["writer"]["unavailable"] or "").startswith(detail)
+    )
 
 
 async def _healthy(served: Served) -> bool:
@@ -203,7 +220,7 @@ async def test_sigterm_while_the_disk_is_full_still_stops_the_daemon_cleanly(tmp
             _, turn_id = await _start_streaming(client, _project(tmp_path))
             await wait_until(lambda: _count_at_least(served, turn_id, 10), interval=0.05)
             await trio.to_thread.run_sync(fill, state / "ballast")
-            await wait_until(lambda: _failing(served, "the database is full"), interval=0.1)
+            await wait_until(lambda: _failing(served, FULL, "the database is full: free space on "), interval=0.1)
             await _sigterm_exits_0(served)
         assert "could not be written before the database closed" in served.stderr_text()
         assert "Traceback" not in served.stderr_text(), served.stderr_text()[-3000:]

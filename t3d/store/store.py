@@ -79,9 +79,11 @@ class StoreStatistics:
     reads_waiting_small: int
     reads_waiting_page: int
     reads_waiting_history: int
-    # Why the database cannot take writes now (None: it can), for how long, the provider
-    # updates held meanwhile, and the writes failed for it since start.
+    # Why the database cannot take writes now (None: it can; headline: naming no path or
+    # process), for how long, the provider updates held meanwhile, and the writes failed
+    # for it since start.
     unavailable: str | None = None
+    unavailable_headline: str | None = None
     unavailable_s: float = 0.0
     writes_held: int = 0
     writes_failed_unavailable: int = 0
@@ -250,6 +252,7 @@ class Store:
             reads_waiting_page=readers.waiting_page,
             reads_waiting_history=readers.waiting_history,
             unavailable=None if writer.unavailable is None else str(writer.unavailable),
+            unavailable_headline=None if writer.unavailable is None else writer.unavailable.headline,
             unavailable_s=0.0 if writer.unavailable is None else trio.current_time() - writer.unavailable_since,
             writes_held=writer.held_jobs,
             writes_failed_unavailable=writer.unavailable_failures,
