@@ -380,7 +380,8 @@ def _envelopes() -> dict[str, Schema]:
         {
             "code": req(integer(), "-32700 parse, -32600 request, -32601 method, -32602 params, -32603 internal, "
                     "-32001 not found, -32002 conflict, -32003 unavailable"),
-            "message": req(string()), "data": opt({}, "for -32602: problems, every one at once"),
+            "message": req(string()), "data": opt({}, "for -32602: problems, every one at once; for -32003 from the database: "
+                                       "reason, database_full or database_busy"),
         },
         title="JSONRPCErrorError",
     )  # fmt: skip
