@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import orjson
 import trio
 
 import t3d
@@ -24,6 +25,7 @@ from t3d.api.jsonrpc import (
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
     NOT_FOUND,
+    UNAVAILABLE,
     Params,
     RpcError,
 )
@@ -31,11 +33,18 @@ from t3d.domain import commands as c
 from t3d.domain.model import ACTIVE_TURN_STATUSES, DECISIONS, RUNNABLE_PROVIDERS
 from t3d.errors import DomainError
 from t3d.live.reads import BaseReader
+from t3d.live.waiters import RequestWaiters, Waiter, WaitersFull
+from t3d.live.wire import summarize_payload
+from t3d.store import queries as q
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
+from t3d.store.read_classes import ReadClass
 from t3d.store.store import Store
 
 RUNTIME_MODES = ("approval-required", "auto-accept-edits", "full-access")
 MAX_PATH = 32
+# requests.wait: seconds a long-poll waits by default and at most; requests per reply.
+WAIT_DEFAULT_S, WAIT_MAX_S = 25, 60
+WAIT_LIMIT_DEFAULT, WAIT_LIMIT_MAX = 100, 1000
 
 Method = Callable[[Params], Awaitable[Any]]
 
@@ -89,6 +98,10 @@ class Methods:
         self._shutdown = shutdown
         self._git = git
         self.reader = BaseReader(store)
+        # requests.wait: the pending requests by sequence, and who waits (t3d/live/waiters.py).
+        self.waiters = RequestWaiters()
+        store.on_commit(self.waiters.on_commit)
+        self._seeding = trio.Lock()
         self.table: dict[str, Method] = {
             "server.hello": self.server_hello,
             "server.shutdown": self.server_shutdown,
@@ -104,6 +117,7 @@ class Methods:
             "thread.force_stop": self.thread_force_stop,
             "request.respond": self.request_respond,
             "requests.pending": self.requests_pending,
+            "requests.wait": self.requests_wait,
             "item.detail": self.item_detail,
         }
         if git is not None:  # worktrees, checkpoint.diff|revert, thread.move (t3d/api/git_methods.py)
@@ -114,7 +128,8 @@ class Methods:
     def store(self) -> Store:
         return self._store
 
-    async def call(self, method: str, params: dict[str, Any]) -> Any:
+    async def call(self, method: str, params: dict[str, Any], *, owner: object | None = None) -> Any:
+        """Run ``method``; ``owner`` (a WebSocket connection) is what long-polls are bounded per."""
         handler = self.table.get(method)
         if handler is None:
             raise RpcError(
@@ -123,6 +138,8 @@ class Methods:
         p = Params(params, method)
         if method in MUTATING:  # checked with the method's own params: one error names all
             p.opt_str("command_id", max_len=200)
+        if method == "requests.wait":
+            return await self.requests_wait(p, owner=owner)
         return await handler(p)
 
     async def _commit(self, p: Params, command: c.Command) -> dict[str, Any]:
@@ -285,6 +302,75 @@ class Methods:
         p.check()
         return {"requests": await self.reader.pending_requests_json(thread_id)}
 
+    async def requests_wait(self, p: Params, *, owner: object | None = None) -> Any:
+        """Long-poll: the pending requests opened after ``after`` (a sequence; 0: any), at once
+        if there are some, else as soon as one opens, else ``{"requests": [], "cursor"}``
+        after ``timeout`` seconds. Pass ``cursor`` as the next ``after``."""
+        after = p.opt_int("after", default=0, low=0, high=1 << 62)
+        thread_id = p.opt_str("thread_id", max_len=200)
+        timeout = p.opt_int("timeout", default=WAIT_DEFAULT_S, low=0, high=WAIT_MAX_S)
+        limit = p.opt_int("limit", default=WAIT_LIMIT_DEFAULT, low=1, high=WAIT_LIMIT_MAX)
+        p.check()
+        await self._seed_waiters()
+        waiter = Waiter(after, thread_id, limit, owner)
+        try:
+            self.waiters.add(waiter)
+        except WaitersFull as exc:
+            raise RpcError(UNAVAILABLE, str(exc)) from None
+        try:
+            found = await self._found_now(waiter)
+            if found:
+                return _wait_result(found)
+            # From now on every matching request that opens is handed to the waiter.
+            with trio.move_on_after(timeout):
+                while not waiter.found:
+                    woken = trio.Event()
+                    waiter.wake = woken.set
+                    await woken.wait()
+                return _wait_result(waiter.found)
+            if self.waiters.pending_after(after, thread_id, 1):  # never skip an indexed one
+                return {"requests": [], "cursor": after}
+            return {"requests": [], "cursor": max(after, self.waiters.last_sequence)}
+        finally:
+            self.waiters.remove(waiter)
+
+    async def _found_now(self, waiter: Waiter) -> list[tuple[int, str, bytes]]:
+        """The indexed requests newer than the waiter's cursor (read from the database, as
+        the index holds no bodies); if there are none, what commits handed the waiter."""
+        listed = self.waiters.pending_after(waiter.after, waiter.thread_id, waiter.limit)
+        if listed:
+            bodies = {request_id: wire for _, request_id, wire in await self._pending_bodies([r.request_id for r in listed])}
+            self.waiters.forget(r.request_id for r in listed if r.request_id not in bodies)
+            found = [(r.sequence, r.request_id, bodies[r.request_id]) for r in listed if r.request_id in bodies]
+            if found:
+                return found
+        return list(waiter.found)
+
+    async def _seed_waiters(self) -> None:
+        """Index the requests pending in the database, once (and again while overflowed)."""
+        if not self.waiters.needs_seed:
+            return
+        async with self._seeding:
+            if not self.waiters.needs_seed:
+                return
+            self.waiters.begin_seed()
+            try:
+                rows, head = await self._store.read(
+                    q.pending_request_sequences_query(self.waiters.max_pending + 1), lambda raw: raw, ReadClass.SMALL
+                )
+            except BaseException:
+                self.waiters.abort_seed()
+                raise
+            self.waiters.seed(rows, head)
+
+    async def _pending_bodies(self, request_ids: list[str]) -> list[tuple[int, str, bytes]]:
+        """(0, id, wire JSON) of those of ``request_ids`` still pending."""
+
+        def decode(rows: list[tuple[str, bytes]]) -> list[tuple[int, str, bytes]]:
+            return [(0, request_id, summarize_payload(body)) for request_id, body in rows]
+
+        return await self._store.read(q.pending_requests_by_id_query(request_ids), decode, ReadClass.SMALL)
+
     async def item_detail(self, p: Params) -> Any:
         """The full value of an item (or a request) or of one of its fields: what the wire
         summarizes (see ``truncated`` in an entity) is whole here."""
@@ -312,3 +398,12 @@ class Methods:
         if value is None:
             raise RpcError(NOT_FOUND, f"{table[:-1]} {entity_id!r} does not exist")
         return {"id": entity_id, "path": path, "value": value}
+
+
+def _wait_result(found: list[tuple[int, str, bytes]]) -> dict[str, Any]:
+    """A long-poll's reply: the requests in opening order, and the cursor after the last."""
+    ordered = sorted(found)
+    return {
+        "requests": orjson.Fragment(b"[" + b",".join(wire for _, _, wire in ordered) + b"]"),
+        "cursor": ordered[-1][0],
+    }

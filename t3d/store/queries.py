@@ -179,6 +179,38 @@ def pending_requests_query(thread_id: str | None):  # type: ignore[no-untyped-de
     return query
 
 
+PendingSequences = tuple[list[tuple[str, str, int]], int]
+
+
+def pending_request_sequences_query(limit: int):  # type: ignore[no-untyped-def]
+    """(id, thread id, opening sequence) of at most ``limit`` pending requests, and the last
+    committed sequence. A pending request's opening event is its latest ``request.updated``,
+    found walking its thread's events backwards (events_by_thread); one pruned away reads 0."""
+
+    def query(conn: apsw.Connection) -> PendingSequences:
+        rows = conn.execute(
+            "SELECT r.id, r.thread_id, (SELECT e.sequence FROM events e WHERE e.thread_id = r.thread_id "
+            "AND e.entity_id = r.id AND e.kind = 'request.updated' ORDER BY e.sequence DESC LIMIT 1) "
+            "FROM requests r WHERE r.status = 'pending' LIMIT ?",
+            (limit,),
+        )
+        found = [(str(i), str(t), int(s or 0)) for i, t, s in rows]
+        return found, current_sequence(conn)
+
+    return query
+
+
+def pending_requests_by_id_query(request_ids: list[str]):  # type: ignore[no-untyped-def]
+    """(id, body) of those of ``request_ids`` that are still pending."""
+
+    def query(conn: apsw.Connection) -> list[tuple[str, bytes]]:
+        marks = ",".join("?" * len(request_ids))
+        sql = f"SELECT id, body FROM requests WHERE status = 'pending' AND id IN ({marks})"
+        return [(str(i), bytes(b)) for i, b in conn.execute(sql, tuple(request_ids))]
+
+    return query
+
+
 def projects_query(conn: apsw.Connection) -> list[bytes]:
     return _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ())
 

@@ -1,0 +1,186 @@
+"""The long-poll registry (t3d/live/waiters.py), pure: committed events in, waiters woken.
+
+Events are built as the store publishes them (`Committed` of `StoredEvent`s with the
+entity's encoded payload), so each test pins what `on_commit` makes of a real commit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from t3d.domain.codec import to_json
+from t3d.domain.model import RuntimeRequest, Thread
+from t3d.live.waiters import RequestWaiters, Waiter, WaitersFull
+from t3d.live.wire import FIELD_LIMIT
+from t3d.store.commit import Committed, StoredEvent
+
+
+def request(request_id: str, thread_id: str = "t1", status: Any = "pending", data: Any = None) -> RuntimeRequest:
+    return RuntimeRequest(request_id, thread_id, "turn", f"{request_id}-item", "permission", status, 0.0, data=data)
+
+
+def event(sequence: int, entity: Any, kind: str = "request.updated") -> StoredEvent:
+    thread_id = entity.id if isinstance(entity, Thread) else entity.thread_id
+    return StoredEvent(sequence, kind, thread_id, entity, orjson.dumps(to_json(entity)), 0.0)
+
+
+def commit(*events: StoredEvent) -> Committed:
+    return Committed({}, events)
+
+
+def seeded(**bounds: int) -> RequestWaiters:
+    waiters = RequestWaiters(**bounds)
+    waiters.begin_seed()
+    waiters.seed([], 0)
+    return waiters
+
+
+class Wakes:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+def test_a_request_opened_after_the_cursor_wakes_its_waiter_and_only_it() -> None:
+    """A pending request.updated hands the request (its wire JSON) to every waiter whose cursor
+    it passes and whose thread it is; a waiter of another thread, or one whose cursor is at or
+    past the opening sequence, is neither handed it nor woken."""
+    waiters = seeded()
+    mine, any_thread, other, behind = Wakes(), Wakes(), Wakes(), Wakes()
+    waiters.add(Waiter(5, "t1", 10, wake=mine))
+    waiters.add(Waiter(5, None, 10, wake=any_thread))
+    waiters.add(Waiter(5, "t2", 10, wake=other))
+    late = Waiter(7, None, 10, wake=behind)
+    waiters.add(late)
+    waiters.on_commit(commit(event(7, request("r1"))))
+    assert (mine.count, any_thread.count, other.count, behind.count) == (1, 1, 0, 0)
+    assert late.found == []
+    assert [r.request_id for r in waiters.pending_after(5, None, 10)] == ["r1"]
+    assert waiters.pending_after(7, None, 10) == [] and waiters.last_sequence == 7
+
+
+def test_the_index_lists_the_oldest_newer_requests_first_up_to_the_limit_and_forgets_closed_ones() -> None:
+    """pending_after gives requests opened after the cursor in opening order, at most
+    ``limit``, filtered by thread; a closing event (any other status) or the thread's
+    deletion removes requests from the index and from what waiters were handed."""
+    waiters = seeded()
+    holder = Waiter(0, None, 10)
+    waiters.add(holder)
+    waiters.on_commit(commit(event(1, request("a")), event(2, request("b", "t2")), event(3, request("c"))))
+    assert [r.request_id for r in waiters.pending_after(0, None, 2)] == ["a", "b"]
+    assert [r.request_id for r in waiters.pending_after(1, "t1", 10)] == ["c"]
+    waiters.on_commit(commit(event(4, request("a", status="resolved"))))
+    assert [f[1] for f in holder.found] == ["b", "c"]
+    thread = Thread("t2", "p", "title", "replay", None, "approval-required", None, None, None, "idle", 0.0)
+    waiters.on_commit(commit(event(5, thread, "thread.deleted")))
+    assert [r.request_id for r in waiters.pending_after(0, None, 10)] == ["c"]
+    assert [f[1] for f in holder.found] == ["c"]
+
+
+def test_a_large_request_is_summarized_once_for_every_waiter() -> None:
+    """The wire JSON handed to waiters has large fields summarized, and it is the very same
+    bytes object for every waiter (encoded once)."""
+    waiters = seeded()
+    first, second = Waiter(0, None, 10), Waiter(0, "t1", 10)
+    waiters.add(first)
+    waiters.add(second)
+    waiters.on_commit(commit(event(1, request("big", data={"input": "x" * (FIELD_LIMIT * 2)}))))
+    wire = first.found[0][2]
+    assert wire is second.found[0][2]
+    assert len(wire) < FIELD_LIMIT and orjson.loads(wire)["truncated"]
+
+
+def test_a_waiter_keeps_at_most_its_limit() -> None:
+    """Past its limit a waiter is handed nothing more (the index keeps them for the next
+    long-poll, whose cursor is the last one returned)."""
+    waiters = seeded()
+    waiter = Waiter(0, None, 2)
+    waiters.add(waiter)
+    waiters.on_commit(commit(*(event(n, request(f"r{n}")) for n in range(1, 5))))
+    assert [f[1] for f in waiter.found] == ["r1", "r2"]
+    assert [r.request_id for r in waiters.pending_after(2, None, 10)] == ["r3", "r4"]
+
+
+def test_seeding_merges_with_commits_made_while_the_read_ran() -> None:
+    """The seed read's rows join the index in opening order, except requests closed (or whose
+    thread was deleted) while the read ran; requests committed meanwhile stay indexed once."""
+    waiters = RequestWaiters()
+    assert waiters.needs_seed
+    waiters.on_commit(commit(event(10, request("new"))))
+    waiters.begin_seed()
+    waiters.on_commit(commit(event(11, request("old-closed", status="expired"))))
+    thread = Thread("gone", "p", "title", "replay", None, "approval-required", None, None, None, "idle", 0.0)
+    waiters.on_commit(commit(event(12, thread, "thread.deleted")))
+    waiters.seed([("old", "t1", 3), ("old-closed", "t1", 4), ("of-gone", "gone", 5), ("new", "t1", 10)], 9)
+    assert not waiters.needs_seed
+    assert [(r.request_id, r.sequence) for r in waiters.pending_after(0, None, 10)] == [("old", 3), ("new", 10)]
+    assert waiters.last_sequence == 12
+
+
+def test_bounds_refuse_with_a_message_that_names_the_bound_and_the_fix() -> None:
+    """One waiter past the total bound, or past the bound of its owner, is refused with
+    WaitersFull naming the number and what to do; removing one makes room again, and a
+    removed waiter is forgotten (removing it twice changes nothing)."""
+    waiters = seeded(max_waiters=3, max_per_owner=2)
+    connection = object()
+    first, second = Waiter(0, None, 1, connection), Waiter(0, None, 1, connection)
+    waiters.add(first)
+    waiters.add(second)
+    with pytest.raises(WaitersFull, match=r"this connection already holds 2 .*without thread_id"):
+        waiters.add(Waiter(0, None, 1, connection))
+    waiters.add(Waiter(0, "t1", 1))
+    with pytest.raises(WaitersFull, match=r"already holds 3 requests.wait long-polls, its bound; retry"):
+        waiters.add(Waiter(0, None, 1))
+    waiters.remove(first)
+    waiters.remove(first)
+    waiters.add(Waiter(0, None, 1, connection))
+    assert waiters.statistics().waiters == 3
+
+
+def test_past_its_bound_the_index_overflows_and_a_reseed_that_fits_clears_it() -> None:
+    """At max_pending the next opening is not indexed (waiters still get it), long-polls are
+    refused naming the bound, and the index asks to be read again; a seed that fits clears
+    the overflow."""
+    waiters = seeded(max_pending=2)
+    watching = Waiter(0, None, 10)
+    waiters.add(watching)
+    waiters.on_commit(commit(*(event(n, request(f"r{n}")) for n in range(1, 4))))
+    assert [f[1] for f in watching.found] == ["r1", "r2", "r3"]
+    assert waiters.overflowed and waiters.needs_seed
+    with pytest.raises(WaitersFull, match="more than 2 runtime requests are pending"):
+        waiters.add(Waiter(0, None, 10))
+    waiters.on_commit(commit(event(4, request("r1", status="resolved")), event(5, request("r2", status="resolved"))))
+    waiters.begin_seed()
+    waiters.seed([("r3", "t1", 3)], 5)
+    assert not waiters.overflowed
+    assert [r.request_id for r in waiters.pending_after(0, None, 10)] == ["r3"]
+
+
+@attrs.define
+class Model:
+    pending: dict[str, tuple[str, int]] = attrs.Factory(dict)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["open", "close"]), st.integers(0, 5), st.sampled_from(["t1", "t2"])), max_size=40), st.integers(0, 40), st.sampled_from([None, "t1", "t2"]))
+def test_the_index_always_holds_exactly_the_pending_requests_newer_than_any_cursor(steps: list[tuple[str, int, str]], after: int, thread_id: str | None) -> None:
+    """Whatever opens and closes, in any order, the index lists exactly the requests a model
+    says are pending and were opened after the cursor, in opening order."""
+    waiters, model, sequence = seeded(), Model(), 0
+    for action, n, thread in steps:
+        sequence += 1
+        request_id = f"r{n}"
+        if action == "open" and request_id not in model.pending:
+            model.pending[request_id] = (thread, sequence)
+            waiters.on_commit(commit(event(sequence, request(request_id, thread))))
+        elif action == "close" and request_id in model.pending:
+            waiters.on_commit(commit(event(sequence, request(request_id, model.pending.pop(request_id)[0], "cancelled"))))
+    expected = sorted((s, r) for r, (t, s) in model.pending.items() if s > after and thread_id in (None, t))
+    assert [(r.sequence, r.request_id) for r in waiters.pending_after(after, thread_id, 100)] == expected
