@@ -162,13 +162,15 @@ async def test_health_needs_no_token_and_everything_else_does(
         assert set(health["loop_lag_ms"]) >= {"last", "p99"}
         assert health["writer"] == {"queue": 0, "oldest_job_s": 0.0, "unavailable": None, "held": 0, "failed_unavailable": 0}
         assert health["admission"]["state"] == "open"
-        assert health["live"] == {"websockets": 0, "buffered_bytes": 0, "held_bytes": 0, "budget_bytes": 0, "resynced_for_budget": 0}
+        assert health["live"] == {"websockets": 0, "buffered_bytes": 0, "held_bytes": 0, "budget_bytes": 0, "resynced_for_budget": 0, "request_waiters": 0}
 
         routes = [
             ("GET", "/api/shell"),
             ("GET", "/api/threads/x"),
             ("GET", "/api/requests/pending"),
+            ("GET", "/api/requests/wait"),
             ("POST", "/api/requests/x/respond"),
+            ("POST", "/mcp"),
             ("POST", "/api/dispatch"),
             ("POST", "/api/health"),
             ("GET", "/no/such/route"),

@@ -173,9 +173,8 @@ class Model:
 def test_the_index_always_holds_exactly_the_pending_requests_newer_than_any_cursor(steps: list[tuple[str, int, str]], after: int, thread_id: str | None) -> None:
     """Whatever opens and closes, in any order, the index lists exactly the requests a model
     says are pending and were opened after the cursor, in opening order."""
-    waiters, model, sequence = seeded(), Model(), 0
-    for action, n, thread in steps:
-        sequence += 1
+    waiters, model = seeded(), Model()
+    for sequence, (action, n, thread) in enumerate(steps, 1):
         request_id = f"r{n}"
         if action == "open" and request_id not in model.pending:
             model.pending[request_id] = (thread, sequence)

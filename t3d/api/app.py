@@ -36,6 +36,8 @@ from t3d.api import jsonrpc as rpc
 from t3d.api import schema
 from t3d.api.auth import bearer_ok, origin_allowed
 from t3d.api.feeds import Feeds
+from t3d.api.mcp import McpServer
+from t3d.api.mcp_tools import McpTools
 from t3d.api.methods import Methods, thread_not_found
 from t3d.api.transport import HttpRequest, HttpResponse
 from t3d.errors import DatabaseUnavailableError, SpawnerError, T3dError
@@ -103,6 +105,7 @@ class ApiApp:
         self._health = health
         self._bound = bound
         self._schema: bytes | None = None
+        self.mcp = McpServer(McpTools(methods, self._shell_json))
 
     def live_statistics(self) -> dict[str, int]:
         """For /api/health: what the open WebSocket connections hold for their clients,
@@ -115,7 +118,12 @@ class ApiApp:
             "held_bytes": sum(b.held for b in budgets),
             "budget_bytes": sum(b.limit for b in budgets),
             "resynced_for_budget": sum(b.relieved for b in budgets),
+            "request_waiters": self.methods.waiters.statistics().waiters,
         }
+
+    async def _shell_json(self) -> dict[str, Any]:
+        """The shell as GET /api/shell serves it (for MCP's list_threads)."""
+        return orjson.loads(b"".join(await self.bases.shell_pieces()))  # type: ignore[no-any-return]
 
     # --- HTTP ----------------------------------------------------------------------
 
@@ -123,6 +131,9 @@ class ApiApp:
         if request.path == "/api/health" and request.method == "GET":
             report = self._health()
             return _json(503 if report["status"] == "failing" else 200, report)
+        if request.path == "/mcp":  # MCP (t3d/api/mcp.py): Origin, then token, checked there
+            origin_ok = origin_allowed(request.headers.get("origin"), *self._bound())
+            return await self.mcp.handle(request, origin_ok=origin_ok, token_ok=bearer_ok(request.headers, self._token))
         if not bearer_ok(request.headers, self._token):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
         try:
@@ -152,6 +163,10 @@ class ApiApp:
         if r.method == "GET" and r.path == "/api/requests/pending":
             _only_query(r, ("thread_id",))
             return _json(200, await self.methods.call("requests.pending", {"thread_id": r.query.get("thread_id")}))
+        if r.method == "GET" and r.path == "/api/requests/wait":  # long-poll (requests.wait)
+            _only_query(r, ("after", "thread_id", "timeout", "limit"))
+            wait = {"thread_id": r.query.get("thread_id"), **_int_query(r.query, ("after", "timeout", "limit"))}
+            return _json(200, await self.methods.call("requests.wait", wait))
         if r.method == "POST" and (m := _RESPOND_PATH.match(r.path)):
             body = _body_object(r.body)
             return _json(200, await self.methods.call("request.respond", {**body, "request_id": m.group(1)}))
@@ -195,9 +210,9 @@ class ApiApp:
         head = b'{"jsonrpc":"2.0","id":%s,"result":' % orjson.dumps(request.id)
         return HttpResponse(200, head, parts=(*pieces, b"}"))
 
-    async def answer(self, request: rpc.Request) -> bytes:
+    async def answer(self, request: rpc.Request, *, owner: object | None = None) -> bytes:
         try:
-            result = await self.methods.call(request.method, request.params)
+            result = await self.methods.call(request.method, request.params, owner=owner)
         except rpc.RpcError as exc:
             return rpc.error_frame(request.id, exc.code, exc.message, exc.data)
         except DatabaseUnavailableError as exc:
@@ -321,7 +336,7 @@ class WsConnection:
                 thread_id, turn_limit, before = self.app.methods.snapshot_params(rpc.Params(request.params, request.method))
                 await self.feeds.reply_snapshot(request.id, thread_id, turn_limit, before)
             else:
-                reply = await self.app.answer(request)
+                reply = await self.app.answer(request, owner=self)
                 if not request.is_notification:
                     await self.feeds.send_reply(reply)
         except rpc.RpcError as exc:
