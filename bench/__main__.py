@@ -10,7 +10,9 @@ count its own row and chart point). ``--compare 'ENV=VALUE ...'`` runs configura
 interleaved, A B A B, each run from the same starting database. ``--pin`` pins the daemon
 (and everything it starts) to the first half of the CPUs and the driver to the rest.
 ``--slow-clients 0,10`` compares in the same way, A with no never-reading client and B
-with 10 (see bench/slow.py). ``--restart-every 60 --restart-signal TERM|KILL`` restarts the
+with 10 (see bench/slow.py). ``--pollers http,mcp`` too: A's approval pollers poll over HTTP
+every poll_s, B's long-poll MCP's wait_for_request (``--pollers mcp``: every run so).
+``--restart-every 60 --restart-signal TERM|KILL`` restarts the
 daemon on the same state dir every 60 s of the window and reports what the restarts cost
 (see bench/restart.py):
 
@@ -126,25 +128,42 @@ def slow_clients_of(args: argparse.Namespace) -> dict[str, int]:
     return {"A": counts[0], "B": counts[-1]}
 
 
+POLLERS = ("http", "mcp")
+
+
+def pollers_of(args: argparse.Namespace) -> dict[str, str]:
+    """The approval pollers per configuration: ``--pollers K`` for every one; ``K1,K2``: A with
+    K1, B with K2 (instead of --compare or two --slow-clients counts)."""
+    text = getattr(args, "pollers", None) or "http"
+    kinds = text.split(",")
+    if not 1 <= len(kinds) <= 2 or any(k not in POLLERS for k in kinds):
+        raise SystemExit(f"--pollers takes http, mcp or http,mcp, not {text!r}")
+    if len(kinds) == 2 and (args.compare or "," in (getattr(args, "slow_clients", None) or "")):
+        raise SystemExit("--pollers K1,K2 compares two kinds of pollers as configurations A and B; drop --compare (or the second --slow-clients count), or give one kind")
+    return {"A": kinds[0], "B": kinds[-1]}
+
+
 def configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """Each configuration's environment for the daemon."""
     if args.compare:
         return {"A": {}, "B": parse_compare(args.compare)}
-    return {"A": {}, "B": {}} if "," in (getattr(args, "slow_clients", None) or "") else {"A": {}}
+    two = "," in (getattr(args, "slow_clients", None) or "") or "," in (getattr(args, "pollers", None) or "")
+    return {"A": {}, "B": {}} if two else {"A": {}}
 
 
 def described_configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """What the report shows for each configuration: its environment and its slow clients."""
-    slow = slow_clients_of(args)
+    """What the report shows for each configuration: its environment, its slow clients and
+    its pollers."""
+    slow, pollers = slow_clients_of(args), pollers_of(args)
     return {
-        name: {**env, **({"--slow-clients": str(slow[name])} if slow else {})}
+        name: {**env, **({"--slow-clients": str(slow[name])} if slow else {}), **({"--pollers": pollers[name]} if getattr(args, "pollers", None) else {})}
         for name, env in configurations(args).items()
     }
 
 
 def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[RunSpec]:
     configs = configurations(args)
-    slow = slow_clients_of(args)
+    slow, pollers = slow_clients_of(args), pollers_of(args)
     daemon_cpus, driver_cpus = pin_sets(args.pin)
     specs = []
     for n in parse_sessions(args.sessions) if args.sessions else [profile.sessions]:
@@ -155,7 +174,7 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
                     args.window if args.window is not None else profile.window_s,
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
-                    slow.get(name), args.restart_every, args.restart_signal,
+                    slow.get(name), args.restart_every, args.restart_signal, pollers[name],
                 ))  # fmt: skip
     return specs
 
@@ -288,6 +307,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=sorted(r.SIGNALS),
         default="TERM",
         help="how the daemon is stopped at each restart: TERM (a service manager's stop) or KILL (a crash)",
+    )
+    run.add_argument(
+        "--pollers",
+        help="the approval pollers: http (GET /api/requests/pending and the shell every poll "
+        "period, the default), mcp (a long-poll on /mcp's wait_for_request), or http,mcp: "
+        "configuration A with http, B with mcp, interleaved",
     )
     writes_cmd = sub.add_parser("writes", help="provider write batching on vs off, on the real store (bench/writes.py)")
     writes_cmd.add_argument("--reps", type=int, default=5, help="repetitions per configuration (default 5)")

@@ -25,7 +25,17 @@ import attrs
 import trio
 import trio_websocket
 
-from bench.client import HttpClient, HttpError, Json, RpcClosed, RpcConnection, RpcFailed, open_rpc
+from bench.client import (
+    HttpClient,
+    HttpError,
+    Json,
+    McpClient,
+    McpFailed,
+    RpcClosed,
+    RpcConnection,
+    RpcFailed,
+    open_rpc,
+)
 
 TERMINAL = frozenset({"completed", "interrupted", "failed", "cancelled"})
 EXPECTED = (
@@ -353,13 +363,31 @@ async def _subscribe(
 
 # --- approval pollers -----------------------------------------------------------------
 
+# time.time() - time.monotonic(): a request's created_at (the daemon's wall clock, taken as
+# it decided to open the request, just before its commit) on this process's monotonic clock.
+WALL_TO_MONOTONIC = time.time() - time.monotonic()
+
 
 @attrs.define
 class PollerStats:
     polls: int = 0
     approvals: int = 0
+    calls: int = 0  # requests the poller sent the daemon in the window
     pending_ms: list[float] = attrs.field(factory=list)
     shell_ms: list[float] = attrs.field(factory=list)
+    # Per request opened in the window and answered by a poller: from its opening to the
+    # poller having it in hand, and to the poller's answer committed (respond returned).
+    seen_ms: list[float] = attrs.field(factory=list)
+    answered_ms: list[float] = attrs.field(factory=list)
+
+    def approval(self, request: Json, seen: float, answered: float, window: Window) -> None:
+        created = request.get("created_at")
+        if not isinstance(created, int | float):
+            return
+        opened = created - WALL_TO_MONOTONIC
+        if window.holds(opened):
+            self.seen_ms.append((seen - opened) * 1000)
+            self.answered_ms.append((answered - opened) * 1000)
 
 
 async def run_poller(
@@ -387,13 +415,16 @@ async def _poll_once(
 ) -> None:
     pending = await client.request("GET", "/api/requests/pending")
     listed = time.monotonic()
+    calls = 2
     for request in pending.get("requests") or []:
         if request.get("thread_id") in mine and request.get("status") == "pending":
+            calls += 1
             try:
                 await client.request(
                     "POST", f"/api/requests/{request['id']}/respond", {"decision": "allow"}
                 )
                 stats.approvals += 1
+                stats.approval(request, listed, time.monotonic(), window)
             except HttpError as exc:
                 if exc.status != 409:  # already answered (a retry after a dropped reply)
                     raise
@@ -401,8 +432,52 @@ async def _poll_once(
     await client.request("GET", "/api/shell")
     if window.holds(started):
         stats.polls += 1
+        stats.calls += calls
         stats.pending_ms.append((listed - started) * 1000)
         stats.shell_ms.append((time.monotonic() - shell_started) * 1000)
+
+
+MCP_WAIT_S = 25
+
+
+async def run_mcp_poller(
+    port: int, token: str, mine: frozenset[str], phase_s: float, window: Window,
+    stats: PollerStats, errors: Errors,
+) -> None:  # fmt: skip
+    """An approval bot over MCP, as the seed's: long-poll wait_for_request (every thread; a
+    stock bot has no thread list), allow the prompts of its own threads with
+    respond_to_request, pass the cursor back. It never polls the shell."""
+    client = McpClient(port, token)
+    cursor = 0
+    try:
+        await sleep_until(window.t0 + phase_s)
+        await client.request("server/discover", {})
+        while True:
+            started = time.monotonic()
+            try:
+                waited = await client.call_tool("wait_for_request", after=cursor, timeout_s=MCP_WAIT_S)
+                seen = time.monotonic()
+                cursor = waited["cursor"]
+                calls = 1
+                for request in waited["requests"]:
+                    if request.get("thread_id") in mine:
+                        calls += 1
+                        try:
+                            await client.call_tool("respond_to_request", request_id=request["id"], decision="allow")
+                            stats.approvals += 1
+                            stats.approval(request, seen, time.monotonic(), window)
+                        except McpFailed as exc:
+                            if "already" not in str(exc):
+                                raise
+                if window.holds(started):
+                    stats.polls += 1
+                    stats.calls += calls
+            except (*EXPECTED, McpFailed) as exc:
+                errors.add("mcp poller", exc)
+                await trio.sleep(1)  # do not spin on a daemon that refuses
+    finally:
+        with trio.CancelScope(shield=True):
+            await client.aclose()
 
 
 # --- the largest thread's snapshot ----------------------------------------------------

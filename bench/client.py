@@ -145,11 +145,13 @@ class HttpClient:
             await self._stream.aclose()
             self._stream = None
 
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
+    async def request(
+        self, method: str, path: str, body: Any = None, headers: list[tuple[str, str]] | None = None
+    ) -> Any:
         """Send one request; return the decoded JSON body. Retries once on a closed connection."""
         for attempt in (1, 2):
             try:
-                return await self._request_once(method, path, body)
+                return await self._request_once(method, path, body, headers or [])
             except (
                 trio.BrokenResourceError,
                 trio.ClosedResourceError,
@@ -161,7 +163,9 @@ class HttpClient:
                     raise
         raise AssertionError("unreachable")
 
-    async def _request_once(self, method: str, path: str, body: Any) -> Any:
+    async def _request_once(
+        self, method: str, path: str, body: Any, extra: list[tuple[str, str]]
+    ) -> Any:
         if self._stream is None or self._conn.our_state is not h11.IDLE:
             await self.aclose()
             self._stream = await trio.open_tcp_stream("127.0.0.1", self._port)
@@ -170,6 +174,7 @@ class HttpClient:
         headers = [("Host", f"127.0.0.1:{self._port}"), ("Content-Length", str(len(data)))]
         if self._token:
             headers.append(("Authorization", f"Bearer {self._token}"))
+        headers += extra
         conn, stream = self._conn, self._stream
         await stream.send_all(
             conn.send(h11.Request(method=method, target=path, headers=headers))
@@ -200,6 +205,52 @@ class HttpClient:
         if status >= 400:
             raise HttpError(method, path, status, raw)
         return orjson.loads(raw) if raw else None
+
+
+MCP_VERSION = "2026-07-28"
+_MCP_META = {
+    "io.modelcontextprotocol/protocolVersion": MCP_VERSION,
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "t3d-bench", "version": "1"},
+}
+
+
+class McpFailed(Exception):
+    """A tool call came back as a tool error (isError) or a JSON-RPC error."""
+
+
+class McpClient:
+    """An MCP client of /mcp at 2026-07-28 (the per-request envelope, no handshake), over one
+    keep-alive HTTP connection: what a stock client sends, without its per-call overhead in
+    the driver."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.http = HttpClient(port, token)
+        self._ids = itertools.count(1)
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, params: Json, name: str | None = None) -> Any:
+        headers = [
+            ("Accept", "application/json, text/event-stream"),
+            ("Content-Type", "application/json"),
+            ("MCP-Protocol-Version", MCP_VERSION),
+            ("Mcp-Method", method),
+        ]
+        if name is not None:
+            headers.append(("Mcp-Name", name))
+        body = {"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": {**params, "_meta": _MCP_META}}
+        reply = await self.http.request("POST", "/mcp", body, headers)
+        if "error" in reply:
+            raise McpFailed(f"{method}: {reply['error'].get('message')}")
+        return reply["result"]
+
+    async def call_tool(self, name: str, **arguments: Any) -> Any:
+        result = await self.request("tools/call", {"name": name, "arguments": arguments}, name)
+        if result.get("isError"):
+            raise McpFailed(f"{name}: {result['content'][0]['text']}")
+        return result["structuredContent"]
 
 
 async def http_get_once(port: int, path: str) -> tuple[int, bytes]:

@@ -42,6 +42,8 @@ STEADY_EXTRAS = (
     "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
+    "approval_seen_p50_ms", "approval_seen_p95_ms", "approval_answered_p50_ms", "approval_answered_p95_ms",
+    "approvals_measured", "poller_calls",
 )  # fmt: skip
 # With --restart-every (bench/restart.py); None otherwise.
 RESTART_FIGURES = (
@@ -211,6 +213,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
         percentile(polls["pending_ms"], 50),
         percentile(polls["shell_ms"], 50),
     )
+    _approvals(polls, fig, missing)
     fig["snapshot_polls"], fig["snapshot_p50_ms"] = (
         snap["polls"],
         percentile(snap["snapshot_ms"], 50),
@@ -218,6 +221,23 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     _switches_and_slow_clients(i.load, fig, missing)
     _driver(i.load, fig)
     return fig, missing
+
+
+def _approvals(polls: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:
+    """Approval latency: from a request's opening (its created_at, the daemon's clock just
+    before the commit) to a poller having it in hand, and to the poller's answer committed;
+    over requests opened in the window. And how many calls the pollers made in it."""
+    seen, answered = polls.get("seen_ms"), polls.get("answered_ms")
+    names = ("approval_seen_p50_ms", "approval_seen_p95_ms", "approval_answered_p50_ms", "approval_answered_p95_ms")
+    if seen is None or answered is None:  # a load from before approval latency was recorded
+        for name in names:
+            fig[name] = None
+            missing[name] = "not recorded by this load"
+    else:
+        fig["approval_seen_p50_ms"], fig["approval_seen_p95_ms"] = percentile(seen, 50), percentile(seen, 95)
+        fig["approval_answered_p50_ms"], fig["approval_answered_p95_ms"] = percentile(answered, 50), percentile(answered, 95)
+    fig["approvals_measured"] = None if seen is None else len(seen)
+    fig["poller_calls"] = polls.get("calls")
 
 
 def _switches_and_slow_clients(load: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:

@@ -43,6 +43,9 @@ class LoadConfig:
     slow_clients: int | None = None
     # The daemon is restarted during the run: sessions and subscribers connect again.
     reconnect: bool = False
+    # The approval pollers: "http" (GET /api/requests/pending and the shell every poll_s)
+    # or "mcp" (a long-poll on /mcp's wait_for_request).
+    pollers: str = "http"
 
 
 async def run_load(config: LoadConfig) -> dict[str, Any]:
@@ -143,17 +146,22 @@ async def _steady(
                     threads[j * profile.sessions_per_poller : (j + 1) * profile.sessions_per_poller]
                 )
                 phase = profile.poll_s * j / max(1, len(pollers))
-                nursery.start_soon(
-                    actors.run_poller,
-                    config.port,
-                    config.token,
-                    mine,
-                    profile.poll_s,
-                    phase,
-                    window,
-                    pstats,
-                    errors,
-                )
+                if config.pollers == "mcp":
+                    nursery.start_soon(
+                        actors.run_mcp_poller, config.port, config.token, mine, phase, window, pstats, errors
+                    )
+                else:
+                    nursery.start_soon(
+                        actors.run_poller,
+                        config.port,
+                        config.token,
+                        mine,
+                        profile.poll_s,
+                        phase,
+                        window,
+                        pstats,
+                        errors,
+                    )
             if probe_thread is not None:
                 every = [*threads, probe_thread]
                 for _ in range(config.slow_clients or 0):
@@ -189,11 +197,15 @@ async def _steady(
             "first_chunk_ms": switch_stats.first_chunk_ms,
         },
         "pollers": {
+            "kind": config.pollers,
             "count": len(pollers),
             "polls": sum(p.polls for p in pollers),
+            "calls": sum(p.calls for p in pollers),
             "approvals": sum(p.approvals for p in pollers),
             "pending_ms": [x for p in pollers for x in p.pending_ms],
             "shell_ms": [x for p in pollers for x in p.shell_ms],
+            "seen_ms": [x for p in pollers for x in p.seen_ms],
+            "answered_ms": [x for p in pollers for x in p.answered_ms],
         },
         "snapshot": {
             "polls": snapshot.polls,

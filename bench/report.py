@@ -70,6 +70,12 @@ LABELS = {
     "turns_server_restart": "turns ended server_restart",
     "restarted_turns": "turns in flight at a restart",
     "restarted_turns_text_equal": "of those, final text equal to the recording's",
+    "approval_seen_p50_ms": "approval: request opened to a poller seeing it p50 (ms)",
+    "approval_seen_p95_ms": "approval: request opened to a poller seeing it p95 (ms)",
+    "approval_answered_p50_ms": "approval: request opened to its answer committed p50 (ms)",
+    "approval_answered_p95_ms": "approval: request opened to its answer committed p95 (ms)",
+    "approvals_measured": "approvals measured (requests opened in the window)",
+    "poller_calls": "calls the approval pollers made in the window",
 }
 
 

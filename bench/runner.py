@@ -60,6 +60,7 @@ class RunSpec:
     slow_clients: int | None = None  # never-reading clients and probes (bench/slow.py)
     restart_every_s: float | None = None  # restart the daemon this often in the window
     restart_signal: str = "TERM"  # TERM or KILL
+    pollers: str = "http"  # the approval pollers: "http" polling, or "mcp" long-polls
 
 
 @attrs.define
@@ -183,7 +184,7 @@ async def _drive(
         "port": daemon.port, "token": daemon.token, "project": str(daemon.state.project),
         "profile": spec.profile.name, "sessions": spec.sessions, "warmup_s": spec.warmup_s,
         "window_s": spec.window_s, "turn_s": turn_s, "results": str(load_out),
-        "slow_clients": spec.slow_clients, "reconnect": spec.restart_every_s is not None,
+        "slow_clients": spec.slow_clients, "reconnect": spec.restart_every_s is not None, "pollers": spec.pollers,
     }  # fmt: skip
     config_path = spec.out / f"{spec.label}.load-config.json"
     config_path.write_bytes(orjson.dumps(config))
