@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import orjson
 import pytest
 import trio
@@ -22,7 +23,6 @@ from harness import Daemon, http, start_daemon, wait_until
 from live_support import serve_app
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from t3d.api.mcp_tools import TOOLS
@@ -169,7 +169,7 @@ async def test_a_modern_request_needs_its_envelope_and_matching_headers(tmp_path
 @asynccontextmanager
 async def mcp_client(daemon: Daemon, mode: str, token: str | None = None) -> AsyncIterator[Client]:
     """The SDK's Client over its streamable HTTP transport, with the bearer token."""
-    http_client = create_mcp_http_client(headers={"Authorization": f"Bearer {token or daemon.token}"})
+    http_client = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token or daemon.token}"}, timeout=httpx2.Timeout(30, read=90))
     async with http_client, Client(streamable_http_client(f"http://127.0.0.1:{daemon.info.port}/mcp", http_client=http_client), mode=mode) as client:
         yield client
 

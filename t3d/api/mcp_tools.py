@@ -11,6 +11,7 @@ errors (an unknown tool) are mcp.py's.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -104,7 +105,7 @@ async def list_threads(t: McpTools, p: Params) -> Output:
     shell = await t.shell()
     projects = {pr["id"]: pr for pr in shell.get("projects") or []}
     if project_path is not None:
-        by_path = [pr["id"] for pr in projects.values() if pr["path"] == project_path.rstrip("/")]
+        by_path = [pr["id"] for pr in projects.values() if pr["path"] == _normalized(project_path)]
         if not by_path:
             raise RpcError(INVALID_PARAMS, f"no project has the path {project_path!r}; list_threads without it names the projects")
         project_id = by_path[0]
@@ -118,6 +119,11 @@ async def list_threads(t: McpTools, p: Params) -> Output:
     lines += [f"- {th['id']} [{th['status']}] {th['title']!r} in {th['project_path']} ({th['turn_count']} turns)" for th in threads]
     data = {"threads": threads, "total": len(rows), "projects": [{"id": pr["id"], "path": pr["path"], "title": pr.get("title")} for pr in projects.values()]}
     return "\n".join(lines), data
+
+
+def _normalized(path: str) -> str:
+    """A path as projects store theirs (no trailing slash, no ``..``). Pure."""
+    return os.path.normpath(path)
 
 
 def _thread_row(thread: Json, projects: dict[str, Json]) -> Json:
