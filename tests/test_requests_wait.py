@@ -49,14 +49,15 @@ def waiting(served: Served) -> int:
 
 
 async def test_a_pending_request_is_returned_at_once_and_its_cursor_skips_it_next_time(tmp_path: Path) -> None:
-    """With a request pending, requests.wait (after 0) returns it at once with the cursor of
-    its opening; waiting again from that cursor times out with no request and a cursor at
+    """server.hello lists requests.wait. With a request pending, it (after 0) returns the
+    request at once with the cursor of its opening; waiting again from that cursor times out with no request and a cursor at
     least as far, over the WebSocket, POST /api/dispatch and GET /api/requests/wait alike."""
     with trio.fail_after(30):
         async with serve_app(tmp_path / "state") as served:
             await open_thread(served, tmp_path, "t")
             sequence = await open_request(served, "t", "r1")
             async with ws_client(served) as client:
+                assert "requests.wait" in (await client.call("server.hello"))["methods"]
                 first = await client.call("requests.wait")
                 assert [r["id"] for r in first["requests"]] == ["r1"] and first["cursor"] == sequence
                 assert first["requests"][0]["data"]["tool_name"] == "Edit"

@@ -23,7 +23,9 @@ What it speaks (dual-era, as the 2026-07-28 specification's versioning page allo
   with version negotiation (an unknown version is answered with ``2025-11-25``),
   ``notifications/initialized``, ``ping``, ``tools/list``, ``tools/call``; errors of a
   well-formed request come back with HTTP 200. No session is issued (the transport makes
-  sessions optional), so an ``Mcp-Session-Id`` a client sends is ignored.
+  sessions optional), so an ``Mcp-Session-Id`` a client sends is ignored; and a
+  ``notifications/cancelled`` cannot be matched to a request of another POST, so a
+  ``wait_for_request`` it names ends at its ``timeout_s`` or when its connection closes.
 - Both: one JSON-RPC message per POST (batches were removed in 2025-06-18: 400); a
   notification or a client's response gets 202 and no body (modern: a response is refused);
   GET gets 405 (no SSE stream is offered) and DELETE 405 (no session to end). A foreign
