@@ -17,7 +17,15 @@ from __future__ import annotations
 from typing import Any, get_args
 
 import t3d
-from t3d.api.methods import MAX_PATH, MUTATING, RUNTIME_MODES
+from t3d.api.methods import (
+    MAX_PATH,
+    MUTATING,
+    RUNTIME_MODES,
+    WAIT_DEFAULT_S,
+    WAIT_LIMIT_DEFAULT,
+    WAIT_LIMIT_MAX,
+    WAIT_MAX_S,
+)
 from t3d.api.schema_types import (
     DRAFT,
     Field,
@@ -222,6 +230,19 @@ METHODS: dict[str, Method] = {
         "Pending requests, of one thread or all.",
         {"thread_id": opt(ID)},
         obj({"requests": req(array(ref("RuntimeRequest")))}),
+    ),
+    "requests.wait": Method(
+        "Long-poll: the pending requests opened after the cursor, at once if there are some, else as soon as one opens, else none after the timeout.",
+        {
+            "after": opt(integer(0, 1 << 62), "the cursor the previous reply returned (default 0: every pending request)"),
+            "thread_id": opt(ID, "only this thread's requests (a cursor belongs to its filter)"),
+            "timeout": opt(integer(0, WAIT_MAX_S), f"seconds to wait at most (default {WAIT_DEFAULT_S})"),
+            "limit": opt(integer(1, WAIT_LIMIT_MAX), f"requests per reply at most (default {WAIT_LIMIT_DEFAULT})"),
+        },
+        obj({
+            "requests": req(array(ref("RuntimeRequest")), "pending, opened after the cursor, oldest first"),
+            "cursor": req(SEQUENCE, "pass it as the next call's after"),
+        }),
     ),
     "item.detail": Method(
         "The full stored value of an item or a request, or of one of its fields.",
