@@ -32,8 +32,15 @@ class Settings:
     sqlite_reader_pool: int = 4
     # The `claude` binary for the claude provider.
     claude_bin: str = "claude"
+    # The `codex` binary for the codex provider (run as `codex app-server`).
+    codex_bin: str = "codex"
+    # Seconds a Codex turn may do nothing but retry (reconnecting) before it is stopped
+    # and failed with Codex's last message; 0 = as long as Codex retries.
+    codex_retry_timeout: float = 60.0
     # Transcript the replay provider plays; None = the bundled multi-turn one.
     replay_fixture: Path | None = None
+    # Transcript the replay-codex provider plays; None = the bundled multi-turn one.
+    replay_codex_fixture: Path | None = None
     # Replay timing scale (2 = twice as fast, 0 = no delays).
     replay_speed: float = 1.0
     # Seconds a provider gets to honour an interrupt before it is stopped.
@@ -203,7 +210,10 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "port": ("T3D_PORT", _int_in(0, 65535)),
     "sqlite_reader_pool": ("T3D_SQLITE_READER_POOL", _int_in(1, 32)),
     "claude_bin": ("T3D_CLAUDE_BIN", _program),
+    "codex_bin": ("T3D_CODEX_BIN", _program),
+    "codex_retry_timeout": ("T3D_CODEX_RETRY_TIMEOUT", _float_in(0.0, 3600.0)),
     "replay_fixture": ("T3D_REPLAY_FIXTURE", _abs_path),
+    "replay_codex_fixture": ("T3D_REPLAY_CODEX_FIXTURE", _abs_path),
     "replay_speed": ("T3D_REPLAY_SPEED", _float_in(0.0, 1000.0)),
     "interrupt_timeout": ("T3D_INTERRUPT_TIMEOUT", _float_in(0.1, 600.0)),
     "provider_idle_timeout": ("T3D_PROVIDER_IDLE_TIMEOUT", _float_in(0.0, 604800.0)),

@@ -15,7 +15,6 @@ import contextlib
 import functools
 import logging
 import os
-import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,13 +23,13 @@ from typing import Any
 import attrs
 import trio
 
-import replay_fixtures
 from t3d.config import Settings
 from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.errors import DomainError
 from t3d.pressure.readers import AgentProcess
-from t3d.providers.claude.session import BeforeTurn, ClaudeSession, SessionSpec
+from t3d.providers import registry
+from t3d.providers.claude.session import BeforeTurn, SessionSpec
 from t3d.providers.pipeline import WritePipeline
 from t3d.spawn.child import Spawner
 from t3d.startup_checks import missing_binary
@@ -40,18 +39,12 @@ log = logging.getLogger("t3d.sessions")
 
 INBOX_SIZE = 64
 
-PERMISSION_MODES = {
-    "approval-required": "default",
-    "auto-accept-edits": "acceptEdits",
-    "full-access": "bypassPermissions",
-}
-
 
 @attrs.define
 class _Live:
     inbox: trio.MemorySendChannel[ev.Effect]
     turn_id: str | None = None
-    session: ClaudeSession | None = None  # set once its task runs
+    session: registry.AgentSession | None = None  # set once its task runs
 
 
 class Sessions:
@@ -131,26 +124,17 @@ class Sessions:
         return live
 
     def _spec(self, thread: dict[str, Any], cwd: str, resume: str | None) -> SessionSpec:
-        env = dict(os.environ)
         provider = thread["provider"]
-        if provider == "replay":
-            argv: tuple[str, ...] = (sys.executable, str(replay_fixtures.FAKE_CLAUDE))
-            env["T3D_REPLAY_FIXTURE"] = str(
-                self._settings.replay_fixture or replay_fixtures.DEFAULT_FIXTURE
-            )
-            env["T3D_REPLAY_SPEED"] = repr(self._settings.replay_speed)
-            env["T3D_REPLAY_LOOP"] = "1"
-            env.setdefault("T3D_REPLAY_APPLY_EDITS", "1")  # recorded edits change real files
-        else:
-            argv = (self._settings.claude_bin,)
+        launch = registry.launch(provider, self._settings, thread.get("runtime_mode"))
+        env = {**launch.env_defaults, **os.environ, **launch.env}
         return SessionSpec(
             thread_id=thread["id"],
             provider=provider,
-            argv=argv,
+            argv=launch.argv,
             cwd=cwd,
             env=env,
             model=thread.get("model"),
-            permission_mode=PERMISSION_MODES.get(thread.get("runtime_mode") or "", "default"),
+            permission_mode=launch.permission_mode,
             resume=resume,
             interrupt_timeout=self._settings.interrupt_timeout,
             idle_timeout=self._settings.provider_idle_timeout,
@@ -163,7 +147,7 @@ class Sessions:
     ) -> None:
         try:
             pipeline = WritePipeline(self._store.send, self._store.record, functools.partial(_not_recorded, spec.thread_id))
-            live.session = ClaudeSession(spec, pipeline.write, self._spawner, self._clock)
+            live.session = registry.open_session(spec, pipeline.write, self._spawner, self._clock, self._settings)
             await live.session.run(inbox)
             await pipeline.drain()
         except Exception as exc:  # the supervision boundary of one session

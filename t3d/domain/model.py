@@ -15,8 +15,8 @@ import attrs
 
 JsonDict = dict[str, Any]
 
-PROVIDERS = ("claude", "codex", "replay")
-RUNNABLE_PROVIDERS = ("claude", "replay")
+PROVIDERS = ("claude", "codex", "replay", "replay-codex")
+RUNNABLE_PROVIDERS = ("claude", "codex", "replay", "replay-codex")
 
 ThreadStatus = Literal["idle", "running", "waiting", "queued"]
 TurnStatus = Literal[
