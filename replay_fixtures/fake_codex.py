@@ -40,7 +40,6 @@ from typing import Any
 
 from replay_fixtures.codex_edits import CodexEditApplier
 from replay_fixtures.codex_script import (
-    EMIT,
     WAIT_ANSWER,
     WAIT_INITIALIZE,
     WAIT_INTERRUPT,
@@ -50,7 +49,7 @@ from replay_fixtures.codex_script import (
     Step,
     load_script,
 )
-from replay_fixtures.fake_claude import EOF, EndOfInput, Inbox, Malformed, Output
+from replay_fixtures.fake_claude import EndOfInput, Inbox, Malformed, Output
 from replay_fixtures.fake_cli_args import (
     ENV_APPLY_EDITS,
     ENV_FIXTURE,
@@ -65,6 +64,7 @@ VERSION = "codex-cli 0.171.0"
 FIXTURES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "codex")
 DEFAULT_FIXTURE = os.path.join(FIXTURES_DIR, "codex-0.171.0_app-server_multiturn.jsonl")
 UNKNOWN_THREAD = "00000000-0000-0000-0000-000000000000"
+ENV_HOST_LOG = "T3D_REPLAY_HOST_LOG"
 
 EXIT_USAGE = 2
 MAX_QUEUED = 64
@@ -101,8 +101,10 @@ class Options:
         self.apply_edits = False
 
 
+VALUE_FLAGS = {"--listen": "listen", "--replay-fixture": "fixture", "--speed": "speed"}
+BOOL_FLAGS = {"--replay-loop": "loop", "--apply-edits": "apply_edits"}
 GLOBAL_VALUE_FLAGS = frozenset(
-    {"--enable", "--disable", "-m", "--model", "-p", "--profile", "-s", "--sandbox",
+    {"-c", "--config", "--enable", "--disable", "-m", "--model", "-p", "--profile", "-s", "--sandbox",
      "-a", "--ask-for-approval", "-C", "--cd", "--add-dir", "-i", "--image",
      "--ws-auth", "--ws-token", "--ws-token-file", "--ws-signing-key-file"}
 )  # fmt: skip
@@ -116,43 +118,32 @@ def parse_args(argv: list[str]) -> Options:
         arg = argv[i]
         i += 1
         flag, has_inline, inline = arg.partition("=") if arg.startswith("--") else (arg, "", "")
-
-        def value() -> str:
-            nonlocal i
+        takes_value = flag in VALUE_FLAGS or flag in GLOBAL_VALUE_FLAGS
+        value = ""
+        if takes_value:
             if has_inline:
-                return inline
-            if i >= len(argv):
-                raise UsageError(f"error: a value is required for '{flag} <VALUE>' but none was supplied")
-            i += 1
-            return argv[i - 1]
-
+                value = inline
+            elif i < len(argv):
+                value, i = argv[i], i + 1
+            else:
+                raise UsageError(
+                    f"error: a value is required for '{flag} <VALUE>' but none was supplied"
+                )
         if flag in ("--version", "-V"):
             options.version = True
         elif flag in ("-c", "--config"):
-            options.overrides.append(value())
-        elif flag == "--listen":
-            options.listen = value()
+            if "=" not in value:
+                raise UsageError(f"Error: Invalid override (missing '='): {value}")
+            options.overrides.append(value)
         elif flag == "--stdio":
             options.listen = "stdio://"
-        elif flag == "--replay-fixture":
-            options.fixture = value()
-        elif flag == "--speed":
-            options.speed = value()
-        elif flag == "--replay-loop":
-            options.loop = True
-        elif flag == "--apply-edits":
-            options.apply_edits = True
-        elif flag in GLOBAL_VALUE_FLAGS:
-            value()
-        elif arg.startswith("-"):
-            pass  # a flag without a value (--strict-config, --print-startup-config, ...)
-        elif options.command is None:
+        elif flag in VALUE_FLAGS:
+            setattr(options, VALUE_FLAGS[flag], value)
+        elif flag in BOOL_FLAGS:
+            setattr(options, BOOL_FLAGS[flag], True)
+        elif not arg.startswith("-") and options.command is None:
             options.command = arg
-    for override in options.overrides:
-        if "=" not in override:
-            raise UsageError(
-                f"Error: Invalid override (missing '='): {override}"
-            )
+        # Other flags (--strict-config, --print-startup-config, ...) are accepted and ignored.
     return options
 
 
@@ -170,7 +161,12 @@ def choose_fixture(options: Options) -> str:
 
 
 def apply_edits_enabled(options: Options) -> bool:
-    return options.apply_edits or os.environ.get(ENV_APPLY_EDITS, "").lower() in ("1", "true", "yes", "on")
+    return options.apply_edits or os.environ.get(ENV_APPLY_EDITS, "").lower() in (
+        "1",
+        "true",
+        "yes",
+        "on",
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,7 +187,9 @@ class Rollouts:
             return
         try:
             os.makedirs(self._dir, exist_ok=True)
-            with open(os.path.join(self._dir, f"rollout-fake-{thread_id}.jsonl"), "a", encoding="utf-8"):
+            with open(
+                os.path.join(self._dir, f"rollout-fake-{thread_id}.jsonl"), "a", encoding="utf-8"
+            ):
                 pass
         except OSError as error:
             sys.stderr.write(f"fake codex: could not write a rollout: {error}\n")
@@ -210,12 +208,20 @@ class Rollouts:
 
 
 class CodexInbox(Inbox):
-    """The fake ``claude``'s stdin reader, except that a malformed line is skipped."""
+    """The fake ``claude``'s stdin reader, except that a malformed line is skipped; with
+    ``log`` (``T3D_REPLAY_HOST_LOG``), every stdin line is also appended to that file."""
+
+    def __init__(self, log: str | None = None) -> None:
+        super().__init__()
+        self._log = log
 
     def _accept(self, raw: bytes) -> bool:
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if not text.strip():
             return True
+        if self._log:
+            with open(self._log, "a", encoding="utf-8") as handle:
+                handle.write(text + "\n")
         try:
             message = json.loads(text)
         except ValueError:
@@ -328,7 +334,9 @@ class Replayer:
         request = self._thread_waits.popleft()
         self._thread_done = True
         self._live_thread = self._open_thread(request)
-        self._replace = [(self._script.thread_id, self._live_thread)] if self._script.thread_id else []
+        self._replace = (
+            [(self._script.thread_id, self._live_thread)] if self._script.thread_id else []
+        )
         self._host_ids[step.recorded_id] = request.get("id")
         self._passed_host_point(step)
         return None
@@ -343,7 +351,9 @@ class Replayer:
         if isinstance(thread, str) and thread:
             self._live_thread = thread
         self._live_turn = new_id()
-        self._replace = [(self._script.thread_id, self._live_thread)] if self._script.thread_id else []
+        self._replace = (
+            [(self._script.thread_id, self._live_thread)] if self._script.thread_id else []
+        )
         if step.turn_id:
             self._replace.append((step.turn_id, self._live_turn))
         self._host_ids[step.recorded_id] = request.get("id")
@@ -388,7 +398,9 @@ class Replayer:
             obj = json.loads(text)
             params = obj.get("params")
             if isinstance(params, dict):
-                params["requestId"] = self._server_ids.get(params.get("requestId"), params.get("requestId"))
+                params["requestId"] = self._server_ids.get(
+                    params.get("requestId"), params.get("requestId")
+                )
         if obj is not None:
             text = dump(obj)
         self._out.write_line(text)
@@ -467,9 +479,20 @@ class Replayer:
         elif method == "turn/interrupt":
             self._interrupt(request_id)
         elif method == "account/read":
-            self._result(request_id, {"account": None, "userId": None, "requiresOpenaiAuth": False, "workspaceRouting": None})
+            self._result(
+                request_id,
+                {
+                    "account": None,
+                    "userId": None,
+                    "requiresOpenaiAuth": False,
+                    "workspaceRouting": None,
+                },
+            )
         else:
-            self._error(request_id, f"Invalid request: unknown variant `{method}`, expected one of `initialize`, `thread/start`, `thread/resume`, `turn/start`, `turn/interrupt`, …")
+            self._error(
+                request_id,
+                f"Invalid request: unknown variant `{method}`, expected one of `initialize`, `thread/start`, `thread/resume`, `turn/start`, `turn/interrupt`, …",
+            )
 
     def _thread_request(self, request_id: Any, method: str, params: JsonObject) -> None:
         if method == "thread/resume":
@@ -482,7 +505,9 @@ class Replayer:
             self._thread_waits.append(request)
             return
         thread_id = self._open_thread(request)  # the script has had its thread: a template
-        result = json.loads(dump(self._script.thread_result).replace(self._script.thread_id or "\0", thread_id))
+        result = json.loads(
+            dump(self._script.thread_result).replace(self._script.thread_id or "\0", thread_id)
+        )
         self._result(request_id, result)
 
     def _open_thread(self, request: JsonObject) -> str:
@@ -501,7 +526,9 @@ class Replayer:
         self._out.write_line(dump({"id": request_id, "result": result}))
 
     def _error(self, request_id: Any, message: str) -> None:
-        self._out.write_line(dump({"error": {"code": INVALID_REQUEST, "message": message}, "id": request_id}))
+        self._out.write_line(
+            dump({"error": {"code": INVALID_REQUEST, "message": message}, "id": request_id})
+        )
 
     # -- interrupts -------------------------------------------------------------------
 
@@ -534,13 +561,29 @@ class Replayer:
         """The lines the real server writes for an interrupted turn."""
         thread, turn = self._live_thread, self._live_turn
         now_ms = int(time.time() * 1000)
-        self._out.write_line(dump({"method": "thread/status/changed", "params": {"threadId": thread, "status": {"type": "idle"}}, "emittedAtMs": now_ms}))
+        self._out.write_line(
+            dump(
+                {
+                    "method": "thread/status/changed",
+                    "params": {"threadId": thread, "status": {"type": "idle"}},
+                    "emittedAtMs": now_ms,
+                }
+            )
+        )
         completed = {
             "id": turn, "rootTurnId": turn, "items": [], "itemsView": "notLoaded", "status": "interrupted",
             "error": None, "startedAt": int(self._turn_started), "completedAt": now_ms // 1000,
             "durationMs": int((time.monotonic() - self._turn_started) * 1000),
         }  # fmt: skip
-        self._out.write_line(dump({"method": "turn/completed", "params": {"threadId": thread, "turn": completed}, "emittedAtMs": now_ms}))
+        self._out.write_line(
+            dump(
+                {
+                    "method": "turn/completed",
+                    "params": {"threadId": thread, "turn": completed},
+                    "emittedAtMs": now_ms,
+                }
+            )
+        )
 
 
 def answer_decision(answer: JsonObject) -> Any:
@@ -571,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         delay_scale, interrupt_timeout_s = parse_speed(options), parse_interrupt_timeout()  # type: ignore[arg-type]
         fixture = choose_fixture(options)
         script = load_script(fixture, read_exit_code(run_stem(fixture) + ".meta.json"))
-        inbox = CodexInbox()
+        inbox = CodexInbox(os.environ.get(ENV_HOST_LOG))
         inbox.start_reader(0)
         replayer = Replayer(
             script,

@@ -22,8 +22,9 @@ Mapping (PROTOCOLS.md §2.4, §2.5):
 * Every item's ``data`` keeps the Codex item's fields t3d does not map under
   ``codex``, so nothing a newer Codex sends is lost; an unknown item type
   keeps its whole object there.
-* Usage is per turn: the growth of Codex's thread total over the turn (the
-  first report of a process counts its ``last``). Codex reports no cost.
+* Usage is per turn: the growth of Codex's thread total over the turn (a
+  report with no total before it, the first of a process, or a smaller one
+  counts its ``last``). Codex reports no cost.
 
 Item ids are ``<turn_id>:<codex item id>`` (unique across threads); prompts
 are ``<turn_id>:request:<codex request id>``. Command output and file diffs
@@ -118,9 +119,9 @@ class TurnMapper:
         self._items: dict[str, TurnItem] = {}
         # Reasoning parts per item (summary and content streams), to join deltas in place.
         self._parts: dict[str, dict[tuple[str, int], str]] = {}
-        # Codex's cumulative usage before this turn (None: the first report counts `last`).
-        self._usage_before = usage_total
+        # Codex's cumulative usage so far (None: the first report counts `last`).
         self.usage_total = usage_total
+        self._turn_usage: ce.Usage | None = None
         self.codex_turn_id: str | None = None
         self.interrupt_requested = False
         # Set when the daemon stops the turn itself (retries without end, a dropped line):
@@ -308,9 +309,11 @@ class TurnMapper:
                 return []  # output of a command whose start was not seen: its end carries it
             data = dict(current.data or {})
             so_far = data.get("output") or ""
-            if len(so_far) >= OUTPUT_LIMIT:
+            if len(so_far) >= OUTPUT_LIMIT:  # full: only say so, once
+                if data.get("output_truncated"):
+                    return []
                 data["output_truncated"] = True
-                return []
+                return [ItemChanged(self._item(e.item_id, "command", data=data), final=False)]
             data["output"], truncated = _capped(so_far + e.delta)
             data["output_truncated"] = truncated
             return [ItemChanged(self._item(e.item_id, "command", data=data), final=False)]
@@ -408,21 +411,28 @@ class TurnMapper:
         return [PermissionAsked(str(e.id), item, data, e)]
 
     def _on_TokenUsageUpdated(self, e: ce.TokenUsageUpdated) -> list[Change]:
-        if self._usage_before is None:
-            pairs = zip(attrs.astuple(e.total), attrs.astuple(e.last), strict=True)
-            self._usage_before = ce.Usage(*(total - last for total, last in pairs))
+        # Each report adds the growth of the thread's total; a report with no total
+        # before it (a new process) or a smaller one (the counter restarted) adds `last`.
+        before = self.usage_total
+        grown = before is not None and e.total.total_tokens >= before.total_tokens
+        added = (
+            [
+                now - then
+                for now, then in zip(attrs.astuple(e.total), attrs.astuple(before), strict=True)
+            ]
+            if grown and before is not None
+            else list(attrs.astuple(e.last))
+        )
+        so_far = (
+            attrs.astuple(self._turn_usage) if self._turn_usage is not None else (0,) * len(added)
+        )
+        self._turn_usage = ce.Usage(*(a + b for a, b in zip(so_far, added, strict=True)))
         self.usage_total = e.total
         return []
 
     def usage(self) -> JsonDict | None:
         """This turn's token counts, or None when Codex reported none."""
-        if self.usage_total is None or self._usage_before is None:
-            return None
-        before = attrs.asdict(self._usage_before)
-        return {
-            key: max(0, value - before[key])
-            for key, value in attrs.asdict(self.usage_total).items()
-        }
+        return None if self._turn_usage is None else attrs.asdict(self._turn_usage)
 
     def _on_TurnCompleted(self, e: ce.TurnCompleted) -> list[Change]:
         closing = self._retries_over() if self.retrying else []
