@@ -1,0 +1,190 @@
+"""Codex app-server processes that misbehave: the daemon ends at most that turn, clearly, and goes on.
+
+Each fake is `tests/fixtures/misbehaving_codex`, a real subprocess speaking the real
+JSON-RPC protocol, started as the ``codex`` provider through a one-line wrapper written
+to ``tmp_path`` (the daemon runs ``codex_bin app-server``). It misbehaves on its first
+launch only, so each test also checks that the thread's next turn works.
+"""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+from harness import TEST_FIXTURES, http, new_thread, open_client, run_turn, start_daemon
+
+Json = dict[str, Any]
+
+MISBEHAVING = TEST_FIXTURES / "misbehaving_codex"
+
+
+def fake_codex(tmp_path: Path, mode: str) -> str:
+    """A `codex` binary in ``mode`` (first launch only)."""
+    state = tmp_path / f"{mode}.launches"
+    script = tmp_path / f"codex-{mode}"
+    script.write_text(
+        f"#!/bin/sh\nexec '{sys.executable}' '{MISBEHAVING}' --mode {mode} --state '{state}' \"$@\"\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    path.mkdir(exist_ok=True)
+    return path.resolve()
+
+
+def sessions(seen: list[Json]) -> dict[str, Json]:
+    latest: dict[str, Json] = {}
+    for data in seen:
+        if data["kind"] == "session.updated":
+            latest[data["entity"]["id"]] = data["entity"]
+    return latest
+
+
+async def assert_healthy(daemon: Any) -> None:
+    status, body = await http(daemon, "GET", "/api/health", token=False)
+    assert status == 200, body
+
+
+async def one_bad_turn(tmp_path: Path, nursery: trio.Nursery, mode: str, **settings: Any) -> tuple[Any, list[Json], Any]:
+    """A daemon whose codex misbehaves in ``mode``: the bad turn's outcome, the events seen,
+    and the outcome of the thread's next turn (a new, well-behaved launch if the first died)."""
+    daemon = await start_daemon(nursery, tmp_path / "state", codex_bin=fake_codex(tmp_path, mode), **settings)
+    async with open_client(daemon) as client:
+        seen = client.record_events()
+        thread_id = await new_thread(client, project(tmp_path), provider="codex")
+        outcome = await run_turn(client, thread_id, "misbehave")
+        again = await run_turn(client, thread_id, "are you back")
+        await assert_healthy(daemon)
+    daemon.stop()
+    return outcome, seen, again
+
+
+async def test_a_crash_mid_turn_fails_the_turn_with_its_stderr(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Codex dying mid-turn fails the turn with its exit status and last stderr line (without
+    its colour codes); the session is recorded exited; the next turn starts a new process."""
+    with trio.fail_after(30):
+        outcome, seen, again = await one_bad_turn(tmp_path, nursery, "crash")
+    assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_exited")
+    assert outcome.turn["error"].endswith("exited with status 3 before the turn finished: 2026-12-01T09:00:00Z ERROR boom: out of cheese")
+    first, second = sessions(seen).values()
+    assert first["status"] == "exited" and first["exit_code"] == 3 and "out of cheese" in first["stderr_tail"]
+    assert second["status"] == "running" and second["pid"] != first["pid"]
+    assert again.turn["status"] == "completed" and again.assistant_text == ["ok: are you back"]
+
+
+async def test_garbage_unknown_methods_and_a_request_t3d_cannot_serve(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Invalid JSON, a JSON list, non-UTF-8 bytes and a 2 MB notification of an unknown method
+    are skipped; an unknown item type is kept (its whole object in data); a server request t3d
+    does not serve is answered with a JSON-RPC error at once (else the fake exits 4), and the
+    turn completes in the same process."""
+    with trio.fail_after(30):
+        outcome, seen, again = await one_bad_turn(tmp_path, nursery, "garbage")
+    assert outcome.turn["status"] == "completed", outcome.turn
+    assert outcome.assistant_text == ["ok: misbehave"]
+    (hologram,) = outcome.of_kind("tool_call")
+    assert (hologram["title"], hologram["status"]) == ("hologram", "completed")
+    assert hologram["data"]["codex"] == {"type": "hologram", "id": "h1", "beam": [1, 2, 3]}
+    assert len(sessions(seen)) == 1
+    assert again.assistant_text == ["ok: are you back"]
+
+
+async def test_a_100_mb_line_fails_only_its_turn(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A 100 MB stdout line cannot be read (the line limit is 32 MiB): the turn is interrupted
+    and fails saying so (reason provider_line_too_long); the same process takes the next turn."""
+    with trio.fail_after(60):
+        outcome, seen, again = await one_bad_turn(tmp_path, nursery, "long-line")
+    assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_line_too_long")
+    assert "104857" in outcome.turn["error"] and "over t3d's limit" in outcome.turn["error"]
+    assert len(sessions(seen)) == 1
+    assert again.turn["status"] == "completed"
+
+
+async def test_an_exit_without_turn_completed_fails_the_turn(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Codex exiting 0 after turn/started, with no turn/completed, fails the turn (provider_exited)."""
+    with trio.fail_after(30):
+        outcome, _, again = await one_bad_turn(tmp_path, nursery, "exit-mid-turn")
+    assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_exited")
+    assert "status 0" in outcome.turn["error"]
+    assert again.turn["status"] == "completed"
+
+
+async def test_a_turn_codex_fails_ends_failed_with_codexs_message(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """turn/completed failed ends the turn failed with Codex's message and its error code as the
+    reason; the error notice is a failed error item; the process goes on."""
+    with trio.fail_after(30):
+        outcome, seen, again = await one_bad_turn(tmp_path, nursery, "fail")
+    message = "unexpected status 401 Unauthorized: Missing bearer authentication"
+    assert (outcome.turn["status"], outcome.turn["error"], outcome.turn["reason"]) == ("failed", message, "unauthorized")
+    assert [(i["status"], i["text"]) for i in outcome.of_kind("error")] == [("failed", message)]
+    assert len(sessions(seen)) == 1 and again.turn["status"] == "completed"
+
+
+async def test_a_refused_turn_start_fails_the_turn_with_codexs_answer(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A JSON-RPC error in answer to turn/start fails the turn (provider_refused) with Codex's words."""
+    with trio.fail_after(30):
+        outcome, _, again = await one_bad_turn(tmp_path, nursery, "refuse-turn")
+    assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_refused")
+    assert "codex refused turn/start: thread not found" in outcome.turn["error"]
+    assert again.turn["status"] == "completed"
+
+
+async def test_a_turn_that_only_retries_fails_with_codexs_message(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Codex retrying without end (willRetry errors only) is stopped after --codex-retry-timeout:
+    the turn fails with Codex's last message and the setting's name, and the retries are one
+    error item, not one per notice."""
+    with trio.fail_after(30):
+        outcome, _, again = await one_bad_turn(tmp_path, nursery, "retry-forever", codex_retry_timeout=1.0)
+    assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_retrying")
+    error = outcome.turn["error"]
+    assert error.startswith("Reconnecting... waiting for network (Connection failed: error sending request)")
+    assert "--codex-retry-timeout" in error
+    (retrying,) = outcome.of_kind("error")
+    assert retrying["data"]["attempts"] >= 5 and retrying["status"] == "completed"
+    assert again.turn["status"] == "completed"
+
+
+async def test_an_interrupt_codex_ignores_is_enforced(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """turn/interrupt that Codex never honours stops the process after interrupt_timeout: the
+    turn ends interrupted (interrupt_timeout) and the next turn runs on a new process."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state", codex_bin=fake_codex(tmp_path, "ignore-interrupt"), interrupt_timeout=0.5)
+        async with open_client(daemon) as client:
+            seen = client.record_events()
+            thread_id = await new_thread(client, project(tmp_path), provider="codex")
+
+            async def interrupt_once(data: Json) -> None:
+                if data["kind"] == "item.updated" and data["entity"]["kind"] == "assistant_message" and not seen_interrupt:
+                    seen_interrupt.append(True)
+                    await client.call("turn.interrupt", thread_id=thread_id)
+
+            seen_interrupt: list[bool] = []
+            outcome = await run_turn(client, thread_id, "count forever", on_event=interrupt_once)
+            assert (outcome.turn["status"], outcome.turn["reason"]) == ("interrupted", "interrupt_timeout")
+            assert all(i["status"] not in ("streaming", "running") for i in outcome.items)
+            again = await run_turn(client, thread_id, "are you back")
+            assert again.assistant_text == ["ok: are you back"]
+        first, second = sessions(seen).values()
+        assert first["status"] == "exited" and second["pid"] != first["pid"]
+        daemon.stop()
+
+
+async def test_a_missing_codex_binary_names_the_setting_and_how_to_install_it(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A codex_bin that does not exist fails the turn at once, naming the binary, --codex-bin,
+    T3D_CODEX_BIN and `npm i -g @openai/codex`; the daemon stays healthy."""
+    with trio.fail_after(20):
+        daemon = await start_daemon(nursery, tmp_path / "state", codex_bin="/nonexistent/codex")
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="codex")
+            outcome = await run_turn(client, thread_id, "hello")
+            await assert_healthy(daemon)
+        daemon.stop()
+    assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_start_failed")
+    error = outcome.turn["error"]
+    for words in ("/nonexistent/codex", "--codex-bin", "T3D_CODEX_BIN", "npm i -g @openai/codex"):
+        assert words in error, error
