@@ -178,7 +178,8 @@ def kill_leftovers(pids: list[int], state_dir: Path | None = None) -> None:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
-            if (pid in pids and b"fake_claude" in cmdline) or (spawner and spawner in cmdline):
+            fake = b"fake_claude" in cmdline or b"fake_codex" in cmdline
+            if (pid in pids and fake) or (spawner and spawner in cmdline):
                 os.kill(pid, signal.SIGKILL)
         except (FileNotFoundError, ProcessLookupError):
             pass
