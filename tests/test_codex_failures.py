@@ -145,7 +145,7 @@ async def test_a_turn_that_only_retries_fails_with_codexs_message(tmp_path: Path
     assert error.startswith("Reconnecting... waiting for network (Connection failed: error sending request)")
     assert "--codex-retry-timeout" in error
     (retrying,) = outcome.of_kind("error")
-    assert retrying["data"]["attempts"] >= 5 and retrying["status"] == "completed"
+    assert retrying["data"]["attempts"] >= 5 and retrying["status"] == "failed"
     assert again.turn["status"] == "completed"
 
 

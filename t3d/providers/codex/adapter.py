@@ -355,14 +355,15 @@ class TurnMapper:
         item = self._item(key, "error", status="failed", title="Codex error", text=text, data=data)
         return [ItemChanged(item, final=True)]
 
-    def _retries_over(self) -> list[Change]:
-        """Codex got past its retries: close the retry item (the next retries get a new one)."""
+    def _retries_over(self, status: ItemStatus = "completed") -> list[Change]:
+        """The retries are over: Codex got past them (``completed``), or the turn ended with
+        them (``failed`` unless it completed). The next retries get a new item."""
         self.retrying = False
         key, self._retry_key = self._retry_key, None
         current = None if key is None else self._current(key)
         if key is None or current is None:
             return []
-        return [ItemChanged(self._item(key, "error", status="completed"), final=True)]
+        return [ItemChanged(self._item(key, "error", status=status), final=True)]
 
     @property
     def retry_text(self) -> str | None:
@@ -435,8 +436,10 @@ class TurnMapper:
         return None if self._turn_usage is None else attrs.asdict(self._turn_usage)
 
     def _on_TurnCompleted(self, e: ce.TurnCompleted) -> list[Change]:
-        closing = self._retries_over() if self.retrying else []
-        return [*closing, self.ended(e)]
+        ended = self.ended(e)
+        if not self.retrying:
+            return [ended]
+        return [*self._retries_over("completed" if ended.status == "completed" else "failed"), ended]
 
     def ended(self, e: ce.TurnCompleted) -> TurnEnded:
         """How the turn ends, given Codex's ``turn/completed``."""
