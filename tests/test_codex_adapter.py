@@ -170,6 +170,6 @@ def test_file_changes_reasoning_tools_and_long_output() -> None:
     mapper.feed(event("item/started", item=command))
     for _ in range(3):
         mapper.feed(event("item/commandExecution/outputDelta", itemId="x", delta="y\n" * (OUTPUT_LIMIT // 4)))
-    current = [i for i in mapper.open_items() if i.kind == "command"][0]
+    current = next(i for i in mapper.open_items() if i.kind == "command")
     assert current.data is not None
     assert len(current.data["output"]) == OUTPUT_LIMIT and current.data["output_truncated"] is True

@@ -69,6 +69,11 @@ def pid_of(seen: list[Json], thread_id: str) -> int:
     return [e["entity"]["pid"] for e in seen if e["kind"] == "session.updated" and e["entity"]["thread_id"] == thread_id][-1]
 
 
+def parent_pid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -323,7 +328,7 @@ async def test_the_daemon_never_forks_for_codex_agents(tmp_path: Path) -> None:
                         assert (await run_turn(client, thread_id, text)).turn["status"] == "completed"
                 pids = await provider_pids(daemon)
                 await wait_until(lambda: all(alive(pid) for pid in pids))
-                parents = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in pids}
+                parents = {parent_pid(pid) for pid in pids}
             after = audit.read_text().splitlines()
             daemon.process.send_signal(signal.SIGTERM)
             assert await daemon.process.wait() == 0
