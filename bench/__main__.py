@@ -2,6 +2,7 @@
 
     python -m bench run --profile primary --sessions 250 --window 300 --warmup 60 --out DIR
     python -m bench run --profile stress --sessions 50,150 --runs 3 --compare 'T3D_X=false'
+    python -m bench run --profile primary --sessions 250 --provider codex   # or mix
     python -m bench report DIR [DIR ...] --out DIR   # one report over earlier summaries
 
 ``--sessions`` takes a comma-separated list (a sweep: one daemon per run, every session
@@ -38,8 +39,8 @@ import trio
 from bench import charts, report
 from bench import restart as r
 from bench.fixture import REPO, fixture_path, read_timings
-from bench.profiles import PROFILES, Profile
-from bench.runner import RunSpec, run_once
+from bench.profiles import PROFILES, PROVIDER_MIXES, Profile
+from bench.runner import RunSpec, fixture_turn_s, run_once
 
 
 def parse_compare(text: str) -> dict[str, str]:
@@ -169,12 +170,14 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
     for n in parse_sessions(args.sessions) if args.sessions else [profile.sessions]:
         for k in range(args.runs):
             for name, env in configs.items():
+                provider = getattr(args, "provider", "claude")
+                tag = "" if provider == "claude" else f"{provider}-"
                 specs.append(RunSpec(
-                    f"{profile.name}-{n}-{name}{k + 1}", name, env, profile, n,
+                    f"{profile.name}-{tag}{n}-{name}{k + 1}", name, env, profile, n,
                     args.window if args.window is not None else profile.window_s,
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
-                    slow.get(name), args.restart_every, args.restart_signal, pollers[name],
+                    slow.get(name), args.restart_every, args.restart_signal, pollers[name], provider,
                 ))  # fmt: skip
     return specs
 
@@ -216,8 +219,11 @@ def command_run(args: argparse.Namespace) -> int:
     specs = plan_runs(args, profile, out)
     if specs[0].driver_cpus:  # the coordinator (it samples /proc) is part of the driver
         os.sched_setaffinity(0, {int(c) for c in specs[0].driver_cpus.split(",")})
-    fixture = fixture_path(profile.fixture)
-    timings = read_timings(fixture)
+    provider = args.provider
+    names = {"replay": profile.fixture, "replay-codex": profile.codex_fixture}
+    used = [names[p] for p in PROVIDER_MIXES[provider]]
+    sessions = parse_sessions(args.sessions)[0] if args.sessions else profile.sessions
+    timings = [t for name in used for t in read_timings(fixture_path(name))]
     summary: dict[str, Any] = {
         "profile": profile.name, "profile_description": profile.describe(), "burst": profile.burst,
         "command": shlex.join(["python", "-m", "bench", *sys.argv[1:]]),
@@ -225,9 +231,10 @@ def command_run(args: argparse.Namespace) -> int:
         "window_s": specs[0].window_s, "warmup_s": specs[0].warmup_s, "runs_per_config": args.runs,
         "configs": described_configurations(args),
         "restart": None if args.restart_every is None else {"every_s": args.restart_every, "signal": args.restart_signal},
+        "provider": provider,
         "fixture": {
-            "name": fixture.name,
-            "turn_s": sum(t.duration_ms for t in timings) / len(timings) / 1000,
+            "name": " + ".join(f"{name}.jsonl" for name in used),
+            "turn_s": fixture_turn_s(profile, provider, sessions),
             "first_item_ms": sum(t.first_item_ms or 0 for t in timings) / len(timings),
         },
     }  # fmt: skip
@@ -281,6 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup", type=float, help="warm-up in seconds before the window (default: the profile's)"
     )
     run.add_argument("--runs", type=int, default=1, help="runs per configuration and session count")
+    run.add_argument(
+        "--provider", choices=sorted(PROVIDER_MIXES), default="claude",
+        help="the sessions' agents: claude (the fake claude), codex (the fake codex) or mix (alternately)",
+    )  # fmt: skip
     run.add_argument("--out", help="output directory (default: bench-out/PROFILE-TIME)")
     run.add_argument("--db", help="start every run from a copy of this database file")
     run.add_argument("--compare", help="'ENV=VALUE ...': configuration B; runs A B A B interleaved")

@@ -103,9 +103,11 @@ class Session:
     """One agent session: one thread, subscribed on the session's own connection."""
 
     def __init__(
-        self, index: int, window: Window, errors: Errors, *, answer_prompts: bool, reconnect: bool = False
+        self, index: int, window: Window, errors: Errors, *, answer_prompts: bool, reconnect: bool = False,
+        provider: str = "replay",
     ) -> None:
         self.index = index
+        self.provider = provider
         self.window = window
         self.errors = errors
         self.answer_prompts = answer_prompts
@@ -198,7 +200,7 @@ class Session:
                 created = await rpc.call(
                     "thread.create",
                     project_id=project_id,
-                    provider="replay",
+                    provider=self.provider,
                     title=f"bench {self.index}",
                 )
                 self.thread_id = created["thread_id"]

@@ -119,11 +119,14 @@ async def open_daemon(
     log: Path,
     *,
     cpus: str | None = None,
+    codex_fixture: Path | None = None,
 ) -> AsyncIterator[RunningDaemon]:
     port = free_port()
     argv = [*pin_prefix(cpus), sys.executable, "-m", "t3d", "serve", "--state-dir", str(state.root),
             "--port", str(port), "--replay-fixture", str(fixture), "--replay-speed", "1",
             "--log-level", "warning"]  # fmt: skip
+    if codex_fixture is not None:  # the replay-codex provider's (bench --provider codex|mix)
+        argv += ["--replay-codex-fixture", str(codex_fixture)]
     env = daemon_env(state, settings)
     with log.open("wb") as log_file:
         process = await trio.lowlevel.open_process(

@@ -31,7 +31,7 @@ STEADY_FIGURES = (
     "daemon_rss_peak_mib", "daemon_pss_peak_mib", "spawner_rss_peak_mib", "spawner_pss_peak_mib",
     "providers_rss_peak_mib", "total_rss_peak_mib", "daemon_cpu_s", "spawner_cpu_s", "driver_cpu_s",
     "providers_cpu_s", "machine_busy_pct", "events_per_s", "git_per_turn", "limit", "turns_per_limit",
-    "gate_closed_pct", "daemon_child_processes",
+    "gate_closed_pct", "daemon_child_processes", "turn_p50_per_fixture", "providers_rss_per_session_mib",
 )  # fmt: skip
 STEADY_EXTRAS = (
     "turns_failed", "turns_in_flight", "health_failures", "providers_peak",
@@ -53,7 +53,7 @@ RESTART_FIGURES = (
 BURST_FIGURES = (
     "sessions", "turns_completed", "replies_done_s", "turns_done_s", "dispatch_p50_ms", "dispatch_max_ms",
     "daemon_rss_peak_mib", "daemon_pss_peak_mib", "spawner_rss_peak_mib", "providers_rss_peak_mib",
-    "total_rss_peak_mib", "git_per_turn",
+    "total_rss_peak_mib", "git_per_turn", "providers_rss_per_session_mib",
 )  # fmt: skip
 
 
@@ -89,6 +89,11 @@ def _memory(
     fig["daemon_pss_peak_mib"] = maximum(s.daemon_pss for s in samples if s.daemon_pss is not None)
     fig["providers_rss_peak_mib"] = maximum(s.providers_rss for s in samples)
     fig["providers_peak"] = maximum(s.providers for s in samples)
+    # At the sample with the most provider RSS: what each of its processes held on average.
+    peak = max((s for s in samples if s.providers), key=lambda s: s.providers_rss, default=None)
+    fig["providers_rss_per_session_mib"] = None if peak is None else peak.providers_rss / peak.providers
+    if peak is None:
+        missing["providers_rss_per_session_mib"] = "no provider process was sampled"
     fig["total_rss_peak_mib"] = maximum(
         (s.daemon_rss or 0) + (s.spawner_rss or 0) + s.providers_rss for s in samples
     )
@@ -202,6 +207,9 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     fig["daemon_child_processes"] = i.daemon_children
     fig["limit"] = physical_limit(i.sessions, i.window_s, i.profile.think_s, i.fixture_turn_s)
     fig["turns_per_limit"] = ratio(len(done), fig["limit"])
+    fig["turn_p50_per_fixture"] = ratio(fig["turn_p50_s"], i.fixture_turn_s)
+    if fig["turn_p50_per_fixture"] is None:
+        missing["turn_p50_per_fixture"] = "no turn completed in the window"
 
     subs, polls, snap = i.load["subscribers"], i.load["pollers"], i.load["snapshot"]
     fig["subscriber_events"], fig["subscriber_resyncs"] = subs["events"], subs["resyncs"]

@@ -396,9 +396,12 @@ def turn_timings(jsonl: str, timing: str) -> list[TurnTiming]:
 
 
 def read_timings(jsonl_path: Path) -> list[TurnTiming]:
-    """The turns of a fixture on disk (``X.jsonl`` with ``X.timing.tsv``)."""
+    """The turns of a fixture on disk (``X.jsonl`` with ``X.timing.tsv``), Claude's or Codex's."""
+    from bench import codex_fixture  # it builds on this module
+
     stem = str(jsonl_path)[: -len(".jsonl")]
-    return turn_timings(jsonl_path.read_text(), Path(stem + ".timing.tsv").read_text())
+    read = codex_fixture.turn_timings if codex_fixture.is_codex(jsonl_path) else turn_timings
+    return read(jsonl_path.read_text(), Path(stem + ".timing.tsv").read_text())
 
 
 def mean_turn_s(jsonl_path: Path) -> float:

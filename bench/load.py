@@ -46,6 +46,8 @@ class LoadConfig:
     # The approval pollers: "http" (GET /api/requests/pending and the shell every poll_s)
     # or "mcp" (a long-poll on /mcp's wait_for_request).
     pollers: str = "http"
+    # Each session's provider (replay, replay-codex); None: every session replays Claude.
+    providers: list[str] | None = None
 
 
 async def run_load(config: LoadConfig) -> dict[str, Any]:
@@ -60,9 +62,11 @@ async def run_load(config: LoadConfig) -> dict[str, Any]:
         if config.slow_clients is not None:  # a thread of the rename probe's own
             created = await rpc.call("thread.create", project_id=project_id, provider="replay", title="probe")
             probe_thread = created["thread_id"]
+    providers = config.providers or ["replay"] * config.sessions
     sessions = [
         actors.Session(
-            i, actors.Window(0, 0, 0), errors, answer_prompts=answer_in_session, reconnect=config.reconnect
+            i, actors.Window(0, 0, 0), errors, answer_prompts=answer_in_session, reconnect=config.reconnect,
+            provider=providers[i],
         )
         for i in range(config.sessions)
     ]

@@ -13,6 +13,9 @@ import attrs
 
 TURNS_FIXTURE = "claude-2.1.197_bench_turns"
 BURST_FIXTURE = "claude-2.1.197_bench_burst"
+CODEX_FIXTURES = {TURNS_FIXTURE: "codex-0.171.0_bench_turns", BURST_FIXTURE: "codex-0.171.0_bench_burst"}
+# --provider: the providers the sessions' threads use, in turn (a mix alternates).
+PROVIDER_MIXES = {"claude": ("replay",), "codex": ("replay-codex",), "mix": ("replay", "replay-codex")}
 
 
 @attrs.frozen
@@ -37,6 +40,11 @@ class Profile:
     warmup_s: float
     burst: bool = False
 
+    @property
+    def codex_fixture(self) -> str:
+        """The Codex equivalent of ``fixture`` (bench/codex_fixture.py)."""
+        return CODEX_FIXTURES[self.fixture]
+
     def subscribers(self, sessions: int) -> int:
         return _groups(sessions, self.sessions_per_subscriber)
 
@@ -59,6 +67,12 @@ class Profile:
         if self.snapshot_poll_s:
             parts.append(f"largest-thread snapshot every {self.snapshot_poll_s:g} s")
         return "; ".join(parts)
+
+
+def session_providers(provider: str, sessions: int) -> list[str]:
+    """The provider of each session's thread for ``--provider`` (claude, codex or mix)."""
+    mix = PROVIDER_MIXES[provider]
+    return [mix[i % len(mix)] for i in range(sessions)]
 
 
 def _groups(sessions: int, per: int) -> int:

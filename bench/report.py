@@ -47,6 +47,8 @@ LABELS = {
     "git_per_turn": "git processes per turn",
     "limit": "physical limit (turns)",
     "turns_per_limit": "turns ÷ limit",
+    "turn_p50_per_fixture": "turn p50 ÷ the fixture's own turn",
+    "providers_rss_per_session_mib": "provider processes RSS per session at the peak (MiB)",
     "replies_done_s": "every reply done (s)",
     "daemon_rss_first_third_mib": "daemon RSS, median of the window's first third (MiB)",
     "daemon_rss_last_third_mib": "daemon RSS, median of the window's last third (MiB)",
@@ -200,6 +202,9 @@ def render(
     ]
     out += [f"- code: {summary.get('code', 'unknown')}"]
     out += [f"- profile: {summary['profile_description']}"]
+    agents = {"claude": "the fake claude", "codex": "the fake codex", "mix": "the fake claude and the fake codex, alternately"}
+    provider = summary.get("provider", "claude")
+    out += [f"- agents (--provider {provider}): {agents.get(provider, provider)}"]
     out += [
         f"- fixture: `{summary['fixture']['name']}`, its own turn {summary['fixture']['turn_s']:.2f} s (mean), first streamed item {summary['fixture']['first_item_ms']:.0f} ms in"
     ]

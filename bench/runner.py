@@ -35,7 +35,7 @@ from bench.actors import trio_deadline
 from bench.client import HttpClient, HttpError
 from bench.fixture import fixture_path, mean_turn_s
 from bench.load import BURST_TIMEOUT_S
-from bench.profiles import Profile
+from bench.profiles import Profile, session_providers
 from bench.sampler import Sampler
 from bench.stats import validity
 
@@ -61,6 +61,7 @@ class RunSpec:
     restart_every_s: float | None = None  # restart the daemon this often in the window
     restart_signal: str = "TERM"  # TERM or KILL
     pollers: str = "http"  # the approval pollers: "http" polling, or "mcp" long-polls
+    provider: str = "claude"  # the sessions' agents: claude, codex or mix (bench.profiles)
 
 
 @attrs.define
@@ -73,6 +74,13 @@ class RunResult:
     figures: dict[str, Any]
     missing: dict[str, str]
     notes: list[str]
+
+
+def fixture_turn_s(profile: Profile, provider: str, sessions: int) -> float:
+    """The fixtures' own mean turn, weighted by how many sessions replay each."""
+    own = {"replay": mean_turn_s(fixture_path(profile.fixture)), "replay-codex": mean_turn_s(fixture_path(profile.codex_fixture))}
+    providers = session_providers(provider, sessions)
+    return sum(own[p] for p in providers) / len(providers)
 
 
 async def _read_ready(process: trio.Process) -> float:
@@ -121,7 +129,8 @@ async def run_once(spec: RunSpec) -> RunResult:
     spec.out.mkdir(parents=True, exist_ok=True)
     state = d.prepare_state(spec.out / f"state-{spec.label}", spec.db)
     fixture = fixture_path(spec.profile.fixture)
-    turn_s = mean_turn_s(fixture)
+    codex_fixture = fixture_path(spec.profile.codex_fixture)
+    turn_s = fixture_turn_s(spec.profile, spec.provider, spec.sessions)
     errors: list[str] = []
     notes: list[str] = []
     load_out = spec.out / f"{spec.label}.load.json"
@@ -133,7 +142,8 @@ async def run_once(spec: RunSpec) -> RunResult:
     restarts: list[r.RestartRecord] = []
     try:
         async with d.open_daemon(
-            state, fixture, spec.env, spec.out / f"{spec.label}.daemon.log", cpus=spec.daemon_cpus
+            state, fixture, spec.env, spec.out / f"{spec.label}.daemon.log", cpus=spec.daemon_cpus,
+            codex_fixture=codex_fixture,
         ) as daemon:
             sampler = Sampler(
                 daemon.process.pid,
@@ -185,6 +195,7 @@ async def _drive(
         "profile": spec.profile.name, "sessions": spec.sessions, "warmup_s": spec.warmup_s,
         "window_s": spec.window_s, "turn_s": turn_s, "results": str(load_out),
         "slow_clients": spec.slow_clients, "reconnect": spec.restart_every_s is not None, "pollers": spec.pollers,
+        "providers": session_providers(spec.provider, spec.sessions),
     }  # fmt: skip
     config_path = spec.out / f"{spec.label}.load-config.json"
     config_path.write_bytes(orjson.dumps(config))

@@ -19,12 +19,12 @@ import pytest
 import trio
 from harness import REPO, new_thread, open_client, run_turn, start_daemon
 
-from bench import fixture, procfs, report
+from bench import codex_fixture, fixture, procfs, report
 from bench.__main__ import parse_compare, parse_sessions
 from bench.daemon import daemon_env, prepare_state
 from bench.figures import BURST_FIGURES, STEADY_FIGURES
 from bench.prober import lag_of
-from bench.profiles import PROFILES, physical_limit, start_offsets
+from bench.profiles import PROFILES, physical_limit, session_providers, start_offsets
 from bench.stats import median_figures, percentile, ratio, validity
 
 # --- statistics --------------------------------------------------------------------------
@@ -253,11 +253,14 @@ async def test_the_fake_cli_replays_the_burst_fixture_through_the_daemon(
 # --- the harness end to end --------------------------------------------------------------
 
 
-async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path: Path) -> None:
+@pytest.mark.parametrize("provider", ["claude", "mix"])
+async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path: Path, provider: str) -> None:
+    """A smoke run (with the fake claude, or half the sessions on the fake codex) is valid,
+    measures or explains every figure, writes its files and leaves nothing running."""
     out = tmp_path / "out"
     with trio.fail_after(90):
         done = await trio.run_process(
-            [sys.executable, "-m", "bench", "run", "--profile", "smoke", "--out", str(out)],
+            [sys.executable, "-m", "bench", "run", "--profile", "smoke", "--provider", provider, "--out", str(out)],
             cwd=REPO, capture_stdout=True, capture_stderr=True, check=False,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()[-2000:]
@@ -287,3 +290,77 @@ async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path:
 
 def test_every_figure_has_a_label_in_the_report() -> None:
     assert all(n in report.LABELS for n in BURST_FIGURES + STEADY_FIGURES)
+
+
+# --- the Codex fixtures ------------------------------------------------------------------
+
+
+def _codex_timings(name: str) -> list[fixture.TurnTiming]:
+    return fixture.read_timings(fixture.fixture_path(name))
+
+
+def test_the_checked_in_codex_fixtures_are_what_the_builder_makes(tmp_path: Path) -> None:
+    """replay_fixtures/bench/codex-* are exactly what `python -m bench.codex_fixture` writes."""
+    codex_fixture.write(tmp_path)
+    for built in sorted(tmp_path.iterdir()):
+        assert built.read_bytes() == (fixture.OUT_DIR / built.name).read_bytes(), (
+            f"run python -m bench.codex_fixture ({built.name})"
+        )
+
+
+def test_the_codex_bench_fixture_has_the_claude_fixtures_shape() -> None:
+    """Turn for turn, the Codex fixture has the Claude fixture's stdout lines, tool calls,
+    prompts, duration and first streamed item; the burst streams 5 deltas 20 ms apart."""
+    claude = _bench_timings()
+    codex = _codex_timings(codex_fixture.TURNS_NAME)
+    assert [(t.stdout_lines, t.tool_calls, t.prompts, t.duration_ms, t.first_item_ms) for t in codex] == [
+        (t.stdout_lines, t.tool_calls, t.prompts, t.duration_ms, t.first_item_ms) for t in claude
+    ]
+    path = fixture.fixture_path(codex_fixture.BURST_NAME)
+    rows = [row.split("\t") for row in Path(str(path)[: -len(".jsonl")] + ".timing.tsv").read_text().splitlines()]
+    at = {int(index): int(ms) for ms, _, index in rows}
+    deltas = [at[i] for i, line in enumerate(path.read_text().splitlines()) if "item/agentMessage/delta" in line]
+    assert len(deltas) == 5 and {b - a for a, b in itertools.pairwise(deltas)} == {20}
+    assert "commandExecution" not in path.read_text()
+
+
+def test_every_codex_fixture_line_has_a_recorded_shape() -> None:
+    """Each line of the Codex fixtures is, by method, item type and envelope, a recorded line."""
+
+    def shape(raw: str) -> tuple[Any, ...]:
+        host = raw.startswith(fixture.HOST)
+        obj = orjson.loads(raw[len(fixture.HOST) :] if host else raw)
+        item = (obj.get("params") or {}).get("item") or {}
+        result = obj.get("result")
+        return (host, obj.get("method"), item.get("type"), "id" in obj, tuple(sorted(result)) if isinstance(result, dict) else None)
+
+    recorded = {shape(r) for r in codex_fixture.RECORDING.read_text().splitlines() if r.strip()}
+    for name in (codex_fixture.TURNS_NAME, codex_fixture.BURST_NAME):
+        built = {shape(r) for r in fixture.fixture_path(name).read_text().splitlines()}
+        assert built <= recorded, built - recorded
+
+
+async def test_the_fake_codex_replays_the_bench_fixtures_through_the_daemon(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Every turn of the Codex fixture completes with its commands and approval, then the burst."""
+    with trio.fail_after(60):
+        daemon = await start_daemon(
+            nursery, tmp_path / "state", replay_codex_fixture=str(fixture.fixture_path(codex_fixture.TURNS_NAME))
+        )
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, tmp_path, provider="replay-codex")
+            for expected in _codex_timings(codex_fixture.TURNS_NAME):
+                outcome = await run_turn(client, thread_id, "go")
+                assert outcome.turn["status"] == "completed"
+                assert len(outcome.of_kind("command")) == expected.tool_calls
+                assert [r["status"] for r in outcome.requests] == ["resolved"] * expected.prompts
+                assert len(outcome.assistant_text) == expected.tool_calls + 1 and all(outcome.assistant_text)
+        daemon.stop()
+
+
+def test_a_provider_mix_alternates_the_sessions_agents() -> None:
+    """--provider claude and codex give every session one fake; mix alternates them."""
+    assert session_providers("claude", 3) == ["replay"] * 3
+    assert session_providers("codex", 2) == ["replay-codex"] * 2
+    assert session_providers("mix", 4) == ["replay", "replay-codex", "replay", "replay-codex"]
