@@ -134,6 +134,17 @@ def test_a_failed_tool_call_says_error() -> None:
     assert out.endswith("  ⎿  Error: No such file\n")
 
 
+def test_a_codex_command_prints_its_line_then_its_output() -> None:
+    """A command item (Codex) shows its command once, then the first line of its output."""
+    r = TurnRenderer(TURN, cwd=CWD)
+    running = item("c1", "command", "running", title="/bin/bash -lc ls", data={"output": ""})
+    assert r.feed_event(running).out == "⏺ /bin/bash -lc ls\n"
+    done = item("c1", "command", "completed", title="/bin/bash -lc ls", data={"output": "README.md\nnotes.txt\n"})
+    assert r.feed_event(done).out == "  ⎿  README.md (+1 lines)\n"
+    declined = item("c2", "command", "failed", title="rm -rf x", data={"output": ""})
+    assert r.feed_event(declined).out == "⏺ rm -rf x\n  ⎿  failed\n"
+
+
 def test_a_tool_line_ends_the_streaming_text_line_first() -> None:
     r = TurnRenderer(TURN, cwd=CWD)
     out = out_of(

@@ -265,6 +265,12 @@ class TurnRenderer:
             if status in ("completed", "failed") and self._finish(item_id):
                 failed = status == "failed" or bool(data.get("is_error"))
                 self._line(result_line(data.get("result"), failed=failed, recorded=self.replay))
+        elif kind in ("command", "file_change"):  # Codex's shell commands and patches
+            if self._head(item_id):
+                self._line(f"⏺ {one_line(str(item.get('title') or kind), SUMMARY_CHARS)}")
+            if status in ("completed", "failed") and self._finish(item_id):
+                output = (item.get("data") or {}).get("output") if kind == "command" else None
+                self._line(result_line(output, failed=status == "failed", recorded=self.replay))
         elif kind == "approval_request":
             if status in ("allowed", "denied") and self._finish(item_id):
                 either_way = " (the replay goes on as recorded either way)" if self.replay else ""

@@ -15,14 +15,16 @@ Process model: the app-server multiplexes threads by thread id, so one
 process could serve every thread. t3d runs one per thread anyway, because the
 supervisor's guarantees are per process: a force stop kills one thread's
 process group and leaves the others alone, a crash fails only that thread's
-turn, memory pressure names the heaviest agent by its thread, and each agent
-gets its own systemd scope. The cost, measured on codex-cli 0.171.0 (Linux
-x64, idle thread): the npm ``codex`` launcher is a node process (43 MiB RSS)
-that runs the native binary (127 MiB RSS, mostly shared pages): about 170 MiB
-RSS and 54 MiB PSS per session with 5 running; pointing ``--codex-bin`` at the
-native binary saves the node process. A thread in a shared process added
-under 1 MiB. The replay fake (``replay-codex``) is one Python process of about
-14 MiB RSS per session.
+turn, memory pressure names the heaviest agent by its thread, an idle thread
+costs no process, and each agent gets its own systemd scope. The cost,
+measured with codex-cli 0.171.0 (Linux x64, an idle thread, 5 sessions): the
+npm ``codex`` launcher is a node process (43 MiB RSS) running the native
+binary (126 MiB RSS, mostly shared pages), about 170 MiB RSS and 54 MiB PSS
+per session; pointing ``--codex-bin`` at the native binary
+(``…/@openai/codex-linux-x64/vendor/…/bin/codex``) saves the node process:
+126 MiB RSS, 40 MiB PSS. Ten threads in one process took no more memory than
+one (under 1 MiB each). The replay fake (``replay-codex``) is one Python
+process of about 17 MiB RSS per session.
 
 Rules:
 - Every request the session sends waits at most `CALL_TIMEOUT_S` for its
