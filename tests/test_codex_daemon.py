@@ -334,3 +334,32 @@ async def test_the_daemon_never_forks_for_codex_agents(tmp_path: Path) -> None:
             assert await daemon.process.wait() == 0
     assert after == at_start, f"the daemon created processes after start-up: {after[len(at_start):]}"
     assert len(pids) == 2 and daemon.process.pid not in parents and len(parents) == 1
+
+
+async def test_an_idle_codex_is_stopped_and_the_next_turn_resumes_its_thread(
+    tmp_path: Path, nursery: trio.Nursery, monkeypatch: Any
+) -> None:
+    """After provider_idle_timeout the app-server exits cleanly (stdin closed); the next turn
+    starts a new one that resumes the same Codex thread, and archiving the thread stops it."""
+    log = tmp_path / "host.jsonl"
+    monkeypatch.setenv("T3D_REPLAY_HOST_LOG", str(log))
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state", provider_idle_timeout=0.4)
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, tmp_path, provider="replay-codex")
+            seen = client.record_events()
+            assert (await run_turn(client, thread_id, PING)).turn["status"] == "completed"
+            exited = await client.wait_event(lambda d: d["kind"] == "session.updated" and d["entity"]["status"] == "exited")
+            assert exited["entity"]["exit_code"] == 0 and exited["entity"]["native_session_id"]
+            assert (await run_turn(client, thread_id, PING)).turn["status"] == "completed"  # turn 1 again
+            sessions = [d["entity"] for d in seen if d["kind"] == "session.updated"]
+            new = [s for s in sessions if s["id"] != exited["entity"]["id"]]
+            assert new and new[-1]["native_session_id"] == exited["entity"]["native_session_id"]
+            await client.call("thread.archive", thread_id=thread_id)
+            await client.wait_event(
+                lambda d: d["kind"] == "session.updated" and d["entity"]["id"] == new[-1]["id"] and d["entity"]["status"] == "exited"
+            )
+        daemon.stop()
+    opened = [m for m in host_messages(log) if m.get("method") in ("thread/start", "thread/resume")]
+    assert [m["method"] for m in opened] == ["thread/start", "thread/resume"]
+    assert opened[1]["params"]["threadId"] == exited["entity"]["native_session_id"]
