@@ -3,10 +3,11 @@
 `t3d/config.py` stays pure (it never looks at the disk); this module does look, once:
 
 - A provider binary given as a name (the default ``claude``) that is not on ``PATH`` gets a
-  warning: the daemon still serves (the replay provider needs no binary, and the binary may
+  warning: the daemon still serves (the replay providers need no binary, and the binary may
   be installed later), and that provider's turns fail with the same fix until it is there.
 - A provider binary given as a path that is not a runnable file, or a ``--replay-fixture``
-  that is not a readable file, is a `ConfigError`: start-up stops with exit status 2.
+  or ``--replay-codex-fixture`` that is not a readable file, is a `ConfigError`: start-up
+  stops with exit status 2.
 
 `PROVIDER_BINARIES` lists, per provider, the setting that names its binary and how to
 install it; every check here is generic over it, so a new provider adds one row.
@@ -32,10 +33,12 @@ class ProviderBinary:
     provider: str
     setting: str  # the Settings field naming the binary
     install: str  # the command that installs it
+    replay: str = "replay"  # the provider that plays its recordings without the binary
 
 
 PROVIDER_BINARIES: tuple[ProviderBinary, ...] = (
     ProviderBinary("claude", "claude_bin", "npm i -g @anthropic-ai/claude-code"),
+    ProviderBinary("codex", "codex_bin", "npm i -g @openai/codex", "replay-codex"),
 )
 
 
@@ -93,9 +96,11 @@ def check_settings(settings: Settings, environ: Mapping[str, str]) -> list[str]:
         given_as_path, text = problem
         if given_as_path:
             raise ConfigError(text)
-        warnings.append(f"{text}; until then {binary.provider} turns fail (the replay provider works without it)")
-    if settings.replay_fixture is not None:
-        _check_readable(settings.replay_fixture, "replay_fixture")
+        warnings.append(f"{text}; until then {binary.provider} turns fail (the {binary.replay} provider works without it)")
+    for setting in ("replay_fixture", "replay_codex_fixture"):
+        fixture = getattr(settings, setting)
+        if fixture is not None:
+            _check_readable(fixture, setting)
     return warnings
 
 
@@ -108,5 +113,6 @@ def _check_readable(path: Path, setting: str) -> None:
         reason = "a directory" if isinstance(exc, IsADirectoryError) else exc.strerror or str(exc)
         raise ConfigError(
             f"{flag} (or {env})={str(path)!r} cannot be read ({reason}); give a readable transcript "
-            "file (such as replay_fixtures/claude/*.jsonl), or leave it unset for the bundled one"
+            "file (such as replay_fixtures/claude/*.jsonl or replay_fixtures/codex/*.jsonl), or leave it "
+            "unset for the bundled one"
         ) from None

@@ -291,25 +291,30 @@ async def test_kill_9_mid_codex_turn_recovers_and_resumes_the_codex_thread(tmp_p
 
 
 async def test_ctl_run_drives_a_codex_thread_and_answers_its_approval(tmp_path: Path) -> None:
-    """`t3d ctl run --provider replay-codex` prints Codex's reply and exits 0; on the same
-    thread `--approve all` allows the command and prints it and the reply."""
+    """`t3d ctl run --provider replay-codex` runs in its scratch project, says once that it
+    plays a recording, prints Codex's reply and exits 0; on the same thread `--approve all`
+    allows the command and prints it, its recorded output and the reply."""
     with trio.fail_after(60):
         async with serve(tmp_path / "state") as daemon:
             common = ["ctl", "--state-dir", str(tmp_path / "state"), "--port", str(daemon.port)]
             first = await trio.run_process(
-                [T3D, *common, "run", "--provider", "replay-codex", "--project", str(tmp_path), PING],
+                [T3D, *common, "run", "--provider", "replay-codex", PING],
                 capture_stdout=True, capture_stderr=True, check=False, env=base_env(),
             )  # fmt: skip
             assert first.returncode == 0, first.stderr
             assert "pong from the mock model" in first.stdout.decode()
-            thread_id = first.stderr.decode().split("thread ", 1)[1].split()[0]
+            scratch = tmp_path / "state" / "replay-codex-demo"
+            assert f"note: the replay runs in a scratch project, {scratch}" in first.stderr.decode()
+            assert first.stderr.decode().count("replay-codex plays a recorded Codex session") == 1
+            thread_id = first.stderr.decode().split("\nthread ", 1)[1].split()[0]
             second = await trio.run_process(
                 [T3D, *common, "run", "--thread", thread_id, "--approve", "all", SHELL],
                 capture_stdout=True, capture_stderr=True, check=False, env=base_env(),
             )  # fmt: skip
             assert second.returncode == 0, second.stderr
             out = second.stdout.decode()
-            assert "touch created-by-codex.txt" in out and "Done. Tool output was" in out
+            assert "⏺ /bin/bash -lc 'touch created-by-codex.txt && ls'" in out
+            assert "  ⎿  recorded: README.md (+1 lines)" in out and "Done. Tool output was" in out
 
 
 async def test_the_daemon_never_forks_for_codex_agents(tmp_path: Path) -> None:

@@ -44,13 +44,17 @@ def test_a_binary_missing_from_path_is_a_warning_with_the_fix(tmp_path: Path) ->
     """A provider binary given as a name that is not on PATH gives one warning naming it, how
     to install it and the setting that points at it; on PATH, nothing."""
     settings = load_settings({"state_dir": str(tmp_path)}, {})
-    [warning] = check_settings(settings, {"PATH": str(tmp_path)})
+    [warning, codex] = check_settings(settings, {"PATH": str(tmp_path)})
     assert "'claude' is not on PATH" in warning and INSTALL in warning
     assert "--claude-bin (or T3D_CLAUDE_BIN)" in warning and "replay provider works" in warning
+    assert "'codex' is not on PATH" in codex and "npm i -g @openai/codex" in codex
+    assert "--codex-bin (or T3D_CODEX_BIN)" in codex and "replay-codex provider works" in codex
     executable(tmp_path / "claude")
+    executable(tmp_path / "codex")
     assert check_settings(settings, {"PATH": str(tmp_path)}) == []
     assert missing_binary("claude", settings, {"PATH": str(tmp_path)}) is None
     assert missing_binary("replay", settings, {"PATH": ""}) is None  # it runs no binary of its own
+    assert missing_binary("replay-codex", settings, {"PATH": ""}) is None
 
 
 @pytest.mark.parametrize(

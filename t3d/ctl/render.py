@@ -80,11 +80,16 @@ def result_line(result: Any, *, failed: bool, recorded: bool = False) -> str:
     return f"  ⎿  {'recorded: ' if recorded else ''}{'Error: ' if failed and lines else ''}{first}{more}"
 
 
-# Said once when the run's thread plays a recording (provider ``replay``).
+# Said once when the run's thread plays a recording (provider ``replay`` or ``replay-codex``).
 REPLAY_NOTE = (
     "note: replay plays a recorded Claude Code session: it ignores your prompt, "
     "and your answers do not change what it plays"
 )
+REPLAY_NOTES = {
+    "replay": REPLAY_NOTE,
+    "replay-codex": "note: replay-codex plays a recorded Codex session: it ignores your prompt, "
+    "and your answers do not change what it plays",
+}
 
 
 @attrs.frozen
@@ -177,9 +182,10 @@ class TurnRenderer:
         if isinstance(thread, dict):
             if self.cwd is None:
                 self.cwd = thread.get("worktree_path") or self._project_dirs.get(str(thread.get("project_id")))
-            if thread.get("provider") == "replay" and not self.replay:
+            note = REPLAY_NOTES.get(str(thread.get("provider")))
+            if note is not None and not self.replay:
                 self.replay = True
-                self._err.append(REPLAY_NOTE + "\n")
+                self._err.append(note + "\n")
         # Items by ordinal, so that text and tool lines come out in transcript order;
         # requests after items, so that a question can name its tool; the turn
         # last, so that a finished turn ends the run after its items.

@@ -39,6 +39,11 @@ THREAD_TITLE_CHARS = 60
 REPLAY_SCRATCH = "replay-demo"
 # What the recording reads, so that its recorded edit changes a real file there.
 REPLAY_SEED = {"notes.txt": "hello\n"}
+# Per replay provider: its scratch project and what its recording's directory held.
+REPLAY_SCRATCHES = {
+    "replay": (REPLAY_SCRATCH, REPLAY_SEED),
+    "replay-codex": ("replay-codex-demo", {"README.md": "hello\n"}),
+}
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -51,7 +56,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
         "--project",
         metavar="PATH",
         help="project directory of a new thread (default: the current one; for --provider "
-        f"replay, a scratch directory <state dir>/{REPLAY_SCRATCH})",
+        f"replay, a scratch directory <state dir>/{REPLAY_SCRATCH}; for replay-codex, "
+        f"<state dir>/{REPLAY_SCRATCHES['replay-codex'][0]})",
     )
     run.add_argument(
         "--thread", metavar="ID", help="continue this thread instead of starting a new one"
@@ -77,8 +83,8 @@ async def _run(args: argparse.Namespace, endpoint: Endpoint) -> int:
     prompt = " ".join(args.prompt).strip()
     if not prompt:
         raise CtlError('the prompt is empty; say what to do: t3d ctl run "fix the failing test"')
-    if args.thread is None and args.project is None and args.provider == "replay":
-        project, is_dir = await trio.to_thread.run_sync(_replay_scratch, args.state_dir)
+    if args.thread is None and args.project is None and args.provider in REPLAY_SCRATCHES:
+        project, is_dir = await trio.to_thread.run_sync(_replay_scratch, args.state_dir, args.provider)
         err(f"note: the replay runs in a scratch project, {project} (--project DIR runs it elsewhere)\n")
     else:
         project, is_dir = await trio.to_thread.run_sync(_project_dir, args.project)
@@ -135,13 +141,14 @@ async def _project_dirs(rpc: RpcConnection) -> dict[str, str]:
     return {str(p.get("id")): str(p.get("path")) for p in projects or () if isinstance(p, dict)}
 
 
-def _replay_scratch(state_dir: str | None) -> tuple[str, bool]:
+def _replay_scratch(state_dir: str | None, provider: str = "replay") -> tuple[str, bool]:
     """The replay's scratch project under the state dir, made (with the file the recording
     reads) if it is not there yet."""
-    path = load_settings({"state_dir": state_dir}, os.environ).state_dir / REPLAY_SCRATCH
+    scratch, seed = REPLAY_SCRATCHES[provider]
+    path = load_settings({"state_dir": state_dir}, os.environ).state_dir / scratch
     try:
         path.mkdir(parents=True, exist_ok=True)
-        for name, text in REPLAY_SEED.items():
+        for name, text in seed.items():
             if not (path / name).exists():
                 (path / name).write_text(text)
     except OSError as exc:

@@ -41,10 +41,6 @@ CLAUDE_PERMISSION_MODES = {
     "auto-accept-edits": "acceptEdits",
     "full-access": "bypassPermissions",
 }
-CODEX_INSTALL_HINT = (
-    "set --codex-bin (T3D_CODEX_BIN) to the codex binary, or install Codex with "
-    "`npm i -g @openai/codex`"
-)
 
 
 class AgentSession(Protocol):
@@ -111,8 +107,5 @@ def open_session(
     if spec.provider in ("claude", "replay"):
         return ClaudeSession(spec, write, spawner, clock)
     if spec.provider in ("codex", "replay-codex"):
-        hint = CODEX_INSTALL_HINT if spec.provider == "codex" else None
-        return CodexSession(
-            spec, write, spawner, clock, retry_timeout=settings.codex_retry_timeout, start_hint=hint
-        )
+        return CodexSession(spec, write, spawner, clock, retry_timeout=settings.codex_retry_timeout)
     raise ValueError(f"provider {spec.provider!r} has no session driver")

@@ -138,15 +138,12 @@ class CodexSession:
         clock: Callable[[], float],
         *,
         retry_timeout: float = 60.0,
-        start_hint: str | None = None,
     ) -> None:
         self.spec = spec
         self._write = write
         self._spawner = spawner
         self._clock = clock
         self._retry_timeout = retry_timeout
-        # Said after a failed start (how to install or point at the binary).
-        self._start_hint = start_hint
         self._proc: CliProcess | None = None
         self._calls = ClientCalls()
         self._waiting: dict[ce.RequestId, _Call] = {}
@@ -228,8 +225,7 @@ class CodexSession:
                 "provider_refused",
                 None,
             )
-        hint = f"; {self._start_hint}" if self._start_hint and isinstance(exc, SpawnerError) else ""
-        return TurnEnded("failed", f"{provider}: {exc}{hint}", "provider_start_failed", None)
+        return TurnEnded("failed", f"{provider}: {exc}", "provider_start_failed", None)
 
     async def _interrupt(self, nursery: trio.Nursery, effect: ev.InterruptProviderTurn) -> None:
         turn = self._turn
