@@ -124,6 +124,14 @@ class _Call:
     error: ProviderError | None = None
 
 
+@attrs.define
+class _Peer:
+    """The requests in flight to one app-server process: its ids, and who waits for which."""
+
+    calls: ClientCalls = attrs.Factory(ClientCalls)
+    waiting: dict[ce.RequestId, _Call] = attrs.Factory(dict)
+
+
 def _stderr_detail(stderr: str) -> str | None:
     lines = [line.strip() for line in _ANSI.sub("", stderr).splitlines() if line.strip()]
     return lines[-1] if lines else None
@@ -145,8 +153,8 @@ class CodexSession:
         self._clock = clock
         self._retry_timeout = retry_timeout
         self._proc: CliProcess | None = None
-        self._calls = ClientCalls()
-        self._waiting: dict[ce.RequestId, _Call] = {}
+        # Per process (an idle process on its way out must not answer the next one's calls).
+        self._peers: dict[CliProcess, _Peer] = {}
         self._thread_id: str | None = None  # the Codex thread of the running process
         self._resume = spec.resume  # the Codex thread to resume when a process starts
         self._turn: TurnMapper | None = None
@@ -240,10 +248,13 @@ class CodexSession:
         if turn.codex_turn_id is None or self._thread_id is None:
             return
         params = turn_interrupt_params(self._thread_id, turn.codex_turn_id)
+        peer = self._peers.get(self._proc) if self._proc is not None else None
+        if peer is None:
+            return  # no process: its exit ends the turn
         # If the process is going away, its exit ends the turn.
         with contextlib.suppress(ProviderError):
             await self._send(
-                encode_request(self._calls.start("turn/interrupt"), "turn/interrupt", params)
+                encode_request(peer.calls.start("turn/interrupt"), "turn/interrupt", params)
             )
 
     async def _escalate_interrupt(self, turn: TurnMapper, proc: CliProcess) -> None:
@@ -303,7 +314,7 @@ class CodexSession:
         )
         proc = CliProcess(process, session_id, self._clock())
         self._proc = proc
-        self._calls = ClientCalls()
+        self._peers[proc] = _Peer()
         self._usage_total = None
         if self._turn is not None:
             self._turn.usage_total = None
@@ -365,9 +376,12 @@ class CodexSession:
     async def _call(self, method: str, params: ce.JsonObject) -> Any:
         """Send a request and wait (bounded) for its response; raises `CodexRefused` for an
         error response and `ProviderError` when the process goes or never answers."""
-        request_id = self._calls.start(method)
+        peer = self._peers.get(self._proc) if self._proc is not None else None
+        if peer is None:
+            raise ProviderError(f"{self.spec.provider} is not running")
+        request_id = peer.calls.start(method)
         call = _Call(method)
-        self._waiting[request_id] = call
+        peer.waiting[request_id] = call
         try:
             await self._send(encode_request(request_id, method, params))
             with trio.fail_after(CALL_TIMEOUT_S):
@@ -378,8 +392,8 @@ class CodexSession:
                 "start a new turn to restart it"
             ) from None
         finally:
-            self._waiting.pop(request_id, None)
-            self._calls.settle(request_id)
+            peer.waiting.pop(request_id, None)
+            peer.calls.settle(request_id)
         if call.error is not None:
             raise call.error
         return call.result
@@ -467,10 +481,10 @@ class CodexSession:
         if turn is not None:
             await self._end_turn(self._exit_outcome(proc, code, stderr, turn), turn)
         gone = ProviderError(f"{self.spec.provider} exited with status {code}")
-        for call in self._waiting.values():
+        peer = self._peers.pop(proc, None)
+        for call in [] if peer is None else peer.waiting.values():
             call.error = gone
             call.done.set()
-        self._calls.forget()
 
     def _exit_outcome(
         self, proc: CliProcess, code: int, stderr: str, turn: TurnMapper
@@ -518,7 +532,10 @@ class CodexSession:
 
     async def _on_line(self, line: bytes | LineTooLong, proc: CliProcess) -> None:
         if isinstance(line, LineTooLong):
-            await self._line_too_long(line)
+            if proc is self._proc:
+                await self._line_too_long(line)
+            else:
+                log.warning("thread %s: %s", self.spec.thread_id, line)
             return
         try:
             event = parse_line(line)
@@ -526,7 +543,9 @@ class CodexSession:
             log.warning("thread %s: ignored a provider line: %s", self.spec.thread_id, exc)
             return
         if isinstance(event, ce.Response | ce.ErrorResponse):
-            self._on_response(event)
+            self._on_response(proc, event)
+        elif proc is not self._proc:
+            return  # a process let go (idle, on its way out): nothing of it reaches a turn
         elif isinstance(event, ce.OtherServerRequest):
             log.info("thread %s: refused Codex's %s request", self.spec.thread_id, event.method)
             await self._send_quietly(
@@ -575,9 +594,12 @@ class CodexSession:
         elif not turn.retrying:
             self._retrying_since = None
 
-    def _on_response(self, event: ce.Response | ce.ErrorResponse) -> None:
-        method = self._calls.settle(event.id)
-        call = self._waiting.get(event.id) if event.id is not None else None
+    def _on_response(self, proc: CliProcess, event: ce.Response | ce.ErrorResponse) -> None:
+        peer = self._peers.get(proc)
+        if peer is None:
+            return
+        method = peer.calls.settle(event.id)
+        call = peer.waiting.get(event.id) if event.id is not None else None
         if isinstance(event, ce.ErrorResponse):
             if call is not None:
                 call.error = CodexRefused(call.method, event.message)
