@@ -63,6 +63,10 @@ SERVE_FLAGS = (
     ("--pressure-admission", "pressure_admission", "on or off: hold new turn starts as queued while memory pressure is severe, and admit them one per reading once it clears; each turn start takes one reading when nobody listens (T3D_PRESSURE_ADMISSION; default on)"),
     ("--agent-scopes", "agent_scopes", "auto or off: run providers in their own systemd scope under t3d-agents.slice where systemd works (T3D_AGENT_SCOPES; default auto)"),
     ("--force-stop-grace", "force_stop_grace", "seconds between SIGTERM and SIGKILL when a thread is force-stopped, 0.1-60 (T3D_FORCE_STOP_GRACE; default 5)"),
+    ("--retention", "retention", "on or off: delete superseded events once they are older than the ages below, in short steps that other writes interleave with, and give the space back (off keeps them, only to measure against; a deleted thread's events go either way) (T3D_RETENTION; default on)"),
+    ("--retention-item-snapshots-age", "retention_item_snapshots_age", "how long an item's superseded snapshots (item.updated) are kept, 0-30d, in seconds or with a unit: 90, 5m, 1h, 7d (T3D_RETENTION_ITEM_SNAPSHOTS_AGE; default 1h)"),
+    ("--retention-state-events-age", "retention_state_events_age", "how long superseded thread, turn, request, session and checkpoint events (and done outbox rows) are kept, 0-365d (T3D_RETENTION_STATE_EVENTS_AGE; default 7d)"),
+    ("--retention-interval", "retention_interval", "time between retention passes, 1s-1d (T3D_RETENTION_INTERVAL; default 1m)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
 )
 

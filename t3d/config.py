@@ -86,6 +86,15 @@ class Settings:
     agent_scopes: str = "auto"
     # Force stop: seconds between SIGTERM and SIGKILL to the provider's process group.
     force_stop_grace: float = 5.0
+    # Retention (t3d/store/pruner.py): on prunes superseded events by age; off keeps them
+    # (deleted threads' events still go), only to measure against.
+    retention: str = "on"
+    # Seconds a superseded item snapshot (item.updated) is kept.
+    retention_item_snapshots_age: float = 3600.0
+    # Seconds a superseded thread-state event (thread, turn, request, session, checkpoint) is kept.
+    retention_state_events_age: float = 7 * 86400.0
+    # Seconds between retention passes.
+    retention_interval: float = 60.0
     log_level: str = "info"
 
     @property
@@ -164,6 +173,34 @@ def _abs_path(name: str, raw: str) -> Path:
     return path.absolute()
 
 
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(low: float, high: float) -> Callable[[str, str], float]:
+    """Seconds, given as a number or with a unit: ``90``, ``90s``, ``5m``, ``1h``, ``7d``."""
+
+    def show(seconds: float) -> str:
+        for unit in ("d", "h", "m"):
+            if seconds >= _UNITS[unit] and seconds % _UNITS[unit] == 0:
+                return f"{seconds / _UNITS[unit]:g}{unit}"
+        return f"{seconds:g}s"
+
+    allowed = f"use a duration from {show(low)} to {show(high)}, in seconds or with a unit (90, 90s, 5m, 1h, 7d)"
+
+    def parse(name: str, raw: str) -> float:
+        text = raw.strip().lower()
+        scale = _UNITS.get(text[-1:])
+        try:
+            value = float(text[:-1] if scale else text) * (scale or 1.0)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a duration; {allowed}") from None
+        if not low <= value <= high:
+            raise ConfigError(f"{name}={raw!r} is out of range; {allowed}")
+        return value
+
+    return parse
+
+
 def _text(name: str, raw: str) -> str:
     if not raw.strip():
         raise ConfigError(f"{name} is empty; give a value")
@@ -233,6 +270,10 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "pressure_admission": ("T3D_PRESSURE_ADMISSION", _choice("on", "off")),
     "agent_scopes": ("T3D_AGENT_SCOPES", _choice("auto", "off")),
     "force_stop_grace": ("T3D_FORCE_STOP_GRACE", _float_in(0.1, 60.0)),
+    "retention": ("T3D_RETENTION", _choice("on", "off")),
+    "retention_item_snapshots_age": ("T3D_RETENTION_ITEM_SNAPSHOTS_AGE", _duration(0.0, 30 * 86400.0)),
+    "retention_state_events_age": ("T3D_RETENTION_STATE_EVENTS_AGE", _duration(0.0, 365 * 86400.0)),
+    "retention_interval": ("T3D_RETENTION_INTERVAL", _duration(1.0, 86400.0)),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
 }
 

@@ -24,6 +24,7 @@ import trio
 from t3d.admission.service import Admission
 from t3d.api.app import ApiApp
 from t3d.api.auth import load_or_create_token
+from t3d.api.db_methods import DbJobs, DbMethods
 from t3d.api.git_methods import GitMethods
 from t3d.api.methods import Methods
 from t3d.api.transport import TransportStats, serve_api_transport
@@ -42,6 +43,8 @@ from t3d.service.runfile import RunFile, started_at_now
 from t3d.service.statedir import HeldStateDir, hold_state_dir
 from t3d.sessions import open_sessions
 from t3d.spawn.sidecar import open_spawner
+from t3d.store.pruner import Pruner, run_pruner
+from t3d.store.retention_plan import Policy
 from t3d.store.store import open_store
 
 log = logging.getLogger("t3d")
@@ -111,6 +114,14 @@ async def _run_daemon(
             effects = EffectQueue()
             store.on_commit(hub.publish)
             store.on_commit(effects.on_commit)
+            pruner = Pruner(
+                store,
+                Policy(
+                    item_age_s=settings.retention_item_snapshots_age,
+                    state_age_s=settings.retention_state_events_age,
+                ),
+            )
+            store.on_commit(pruner.on_commit)
             monitor = LoopMonitor()
             transport = TransportStats()
             bound: list[int] = [settings.port]
@@ -169,6 +180,7 @@ async def _run_daemon(
                         spawner=attrs.asdict(spawner.statistics()),
                     )
                     report["checkpoints"] = checkpoints.statistics()
+                    report["retention"] = pruner.statistics()
                     report["gc"] = gc_pauses.statistics()
                     report["live"] = app.live_statistics()
                     report["memory_pressure"] = memory = pressure.statistics()
@@ -198,12 +210,16 @@ async def _run_daemon(
                     nursery.start_soon(stop_soon)
                     return {"stopping": True, "pid": os.getpid(), "stop_agents": control.stop_agents}
 
+                await nursery.start(
+                    partial(run_pruner, pruner, interval_s=settings.retention_interval, enabled=settings.retention == "on")
+                )
                 app = ApiApp(
                     Methods(
                         store,
                         force_stop=sessions.force_stop,
                         git=GitMethods(store, checkpoints, settings.state_dir),
                         shutdown=request_shutdown,
+                        db=DbMethods(store, pruner, DbJobs(nursery)),
                     ),
                     hub,
                     token,

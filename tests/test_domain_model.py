@@ -102,6 +102,7 @@ SETUP_COMMANDS = [
     st.builds(_command(c.RenameThread, T), _sels(1), TEXT),
     st.builds(_command(c.CreateProject, P), _sels(1), st.sampled_from(["/w/a", "/w/b", "relative"])),
     st.builds(_command(c.ArchiveThread, T), _sels(1)),
+    st.builds(_command(c.UnarchiveThread, T), _sels(1)),
     st.builds(_command(c.DeleteThread, T), _sels(1)),
 ]
 COMMANDS: st.SearchStrategy[Callable[[State], c.Command]] = st.sampled_from(

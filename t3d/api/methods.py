@@ -19,6 +19,7 @@ import orjson
 import trio
 
 import t3d
+from t3d.api.db_methods import DbMethods
 from t3d.api.git_methods import GitMethods
 from t3d.api.jsonrpc import (
     DOMAIN_CODES,
@@ -55,6 +56,7 @@ MUTATING = frozenset(
         "thread.create",
         "thread.rename",
         "thread.archive",
+        "thread.unarchive",
         "thread.delete",
         "thread.move",
         "turn.start",
@@ -92,6 +94,7 @@ class Methods:
         force_stop: Callable[[str], Awaitable[dict[str, Any]]] | None = None,
         git: GitMethods | None = None,
         shutdown: Callable[[bool], dict[str, Any]] | None = None,
+        db: DbMethods | None = None,
     ) -> None:
         self._store = store
         self._force_stop = force_stop
@@ -110,6 +113,7 @@ class Methods:
             "thread.create": self.thread_create,
             "thread.rename": self.thread_rename,
             "thread.archive": self.thread_archive,
+            "thread.unarchive": self.thread_unarchive,
             "thread.delete": self.thread_delete,
             "thread.snapshot": self.thread_snapshot,
             "turn.start": self.turn_start,
@@ -123,6 +127,8 @@ class Methods:
         if git is not None:  # worktrees, checkpoint.diff|revert, thread.move (t3d/api/git_methods.py)
             git.commit = self._commit
             self.table.update(git.table)
+        if db is not None:  # db.stats|prune|vacuum|check|backup|job|cancel (t3d/api/db_methods.py)
+            self.table.update(db.table)
 
     @property
     def store(self) -> Store:
@@ -231,6 +237,11 @@ class Methods:
         thread_id = p.str("thread_id", max_len=200)
         p.check()
         return await self._commit(p, c.ArchiveThread(thread_id))
+
+    async def thread_unarchive(self, p: Params) -> Any:
+        thread_id = p.str("thread_id", max_len=200)
+        p.check()
+        return await self._commit(p, c.UnarchiveThread(thread_id))
 
     async def thread_delete(self, p: Params) -> Any:
         """Delete the thread; its worktree too (``remove_worktree``, default true) when a fresh

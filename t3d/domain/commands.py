@@ -46,6 +46,13 @@ class ArchiveThread:
 
 
 @attrs.frozen
+class UnarchiveThread:
+    """Undo ArchiveThread: the thread takes turns again; its agent starts on the next one."""
+
+    thread_id: str
+
+
+@attrs.frozen
 class DeleteThread:
     thread_id: str
 
@@ -167,6 +174,7 @@ ClientCommand = (
     | CreateThread
     | RenameThread
     | ArchiveThread
+    | UnarchiveThread
     | DeleteThread
     | StartTurn
     | InterruptTurn

@@ -203,6 +203,15 @@ def _archive_thread(d: _Draft, cmd: c.ArchiveThread, now: float) -> Decision:
     return d.decision(thread_id=thread.id)
 
 
+def _unarchive_thread(d: _Draft, cmd: c.UnarchiveThread, now: float) -> Decision:
+    """The undo of `_archive_thread`: what archiving ended (open turns, the agent) stays
+    ended; the thread takes turns again, and its next turn starts its agent anew."""
+    thread = d.thread(cmd.thread_id)
+    if thread.archived_at is not None:
+        d.put(attrs.evolve(thread, archived_at=None))
+    return d.decision(thread_id=thread.id)
+
+
 def _delete_thread(d: _Draft, cmd: c.DeleteThread, now: float) -> Decision:
     thread = d.thread(cmd.thread_id)
     d.events.append(deleted(thread))
@@ -554,6 +563,7 @@ _RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
     c.CreateThread: _create_thread,
     c.RenameThread: _rename_thread,
     c.ArchiveThread: _archive_thread,
+    c.UnarchiveThread: _unarchive_thread,
     c.DeleteThread: _delete_thread,
     c.StartTurn: _start_turn,
     c.InterruptTurn: _interrupt_turn,

@@ -32,7 +32,7 @@ from t3d.domain.events import Effect
 from t3d.domain.model import Entity, JsonDict
 from t3d.errors import DomainError
 from t3d.store.summary import json_copy, summarize_value
-from t3d.store.tables import SqlView, apply_event
+from t3d.store.tables import SqlView, apply_event, enqueue_purge
 
 # An item or request whose JSON is over this many bytes is stored once: whole in its
 # projection row (what snapshots and item.detail read), while its event keeps the summary
@@ -193,6 +193,8 @@ def _append(conn: apsw.Connection, event: Any, now: float) -> StoredEvent:
         (event.kind, event.thread_id, event.entity.id, payload, now),
     )
     sequence = conn.last_insert_rowid()
+    if event.kind == "thread.deleted":  # its events go after, in steps (t3d/store/retention.py)
+        enqueue_purge(conn, event.entity.id, sequence)
     return StoredEvent(sequence, event.kind, event.thread_id, event.entity, payload, now)
 
 

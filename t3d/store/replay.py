@@ -4,7 +4,10 @@ Each query runs in one read transaction on a reader thread, so the events it
 replays and the sequence it reports (or the snapshot it falls back to) are
 one consistent view. A gap is replayed only within the caller's bounds
 (events and bytes); reading stops as soon as a bound is passed, so a huge gap
-costs no more than a snapshot.
+costs no more than a snapshot. A gap that reaches back past events retention
+pruned (t3d/store/retention.py: the thread's, or for the shell the global,
+pruned-through mark) gets a snapshot too, so a replay is always every event
+the subscriber missed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import attrs
 
 from t3d.store.commit import SHELL_KINDS, SHELL_SQL
 from t3d.store.queries import ShellRaw, SnapshotRaw, current_sequence, shell_query, snapshot_query
+from t3d.store.retention import shell_pruned_through, thread_pruned_through
 
 
 @attrs.frozen
@@ -45,7 +49,7 @@ def thread_resume_query(thread_id: str, after: int, turn_limit: int, max_events:
     def query(conn: apsw.Connection) -> ThreadReplayRaw | SnapshotRaw:
         sequence = current_sequence(conn)
         exists = any(True for _ in conn.execute("SELECT 1 FROM threads WHERE id = ?", (thread_id,)))
-        if exists and after <= sequence:
+        if exists and thread_pruned_through(conn, thread_id) <= after <= sequence:
             rows = conn.execute(
                 "SELECT sequence, kind, payload FROM events WHERE thread_id = ? AND sequence > ? "
                 "ORDER BY sequence LIMIT ?",
@@ -77,7 +81,7 @@ def shell_resume_query(after: int, max_events: int, max_bytes: int, max_scan: in
     def query(conn: apsw.Connection) -> ShellReplayRaw | ShellRaw:
         sequence = current_sequence(conn)
         # Sequences are never reused, so at most sequence - after events follow ``after``.
-        if after <= sequence and sequence - after <= max_scan:
+        if shell_pruned_through(conn) <= after <= sequence and sequence - after <= max_scan:
             projects: list[tuple[int, bytes]] = []
             touched: dict[str, int] = {}
             size = 0
@@ -85,7 +89,8 @@ def shell_resume_query(after: int, max_events: int, max_bytes: int, max_scan: in
             rows = conn.execute(
                 "SELECT sequence, kind, thread_id, length(payload), "
                 "CASE WHEN kind = 'project.updated' THEN payload END "
-                f"FROM events WHERE sequence > ? AND kind IN ({marks}) ORDER BY sequence",
+                # +kind: walk the sequence range, never events_by_entity (all events of a kind)
+                f"FROM events WHERE sequence > ? AND +kind IN ({marks}) ORDER BY sequence",
                 (after, *_SHELL_EVENT_KINDS),
             )
             for count, (seq, kind, thread_id, length, payload) in enumerate(rows, 1):

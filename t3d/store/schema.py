@@ -3,11 +3,19 @@
 Each projection table keeps a few indexed columns for queries and the entity's
 JSON in ``body`` (the same bytes as the event that wrote it). Thread shells
 read `thread_counts`, which triggers keep current, never ``COUNT(*)``.
+
+A new database is created with incremental auto-vacuum, so retention can hand freed
+pages back to the file system in small steps; an older one needs a one-time VACUUM
+first (`convert_small_database` does it at start-up for a small one).
 """
 
 from __future__ import annotations
 
+import logging
+
 import apsw
+
+log = logging.getLogger("t3d.store")
 
 # Each setting with its reason (apsw's bestpractice, docs/architecture.md, Store; README "Durability").
 WRITER_PRAGMAS = (
@@ -165,7 +173,28 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE receipts ADD COLUMN fingerprint BLOB;
     """,
+    # 5: retention (t3d/store/retention.py). ``events_by_entity`` finds an entity's earlier
+    # events (the ones a newer event supersedes); the rowid (sequence) ends each entry.
+    # ``retention`` holds each class's cursor and the shell's pruned-through mark;
+    # ``pruned_threads`` the highest pruned sequence of each thread (a resume from before it
+    # gets a snapshot); ``purge_threads`` the deleted threads whose events are still to go.
+    """
+    CREATE INDEX events_by_entity ON events(kind, entity_id);
+    CREATE TABLE retention (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+    CREATE TABLE pruned_threads (thread_id TEXT PRIMARY KEY, through INTEGER NOT NULL) WITHOUT ROWID;
+    CREATE TABLE purge_threads (thread_id TEXT PRIMARY KEY, through INTEGER NOT NULL) WITHOUT ROWID;
+    INSERT INTO purge_threads(thread_id, through)
+        SELECT entity_id, max(sequence) FROM events WHERE kind = 'thread.deleted' GROUP BY entity_id;
+    """,
 )
+
+# auto_vacuum modes as ``PRAGMA auto_vacuum`` reports them.
+AUTO_VACUUM_NONE = 0
+AUTO_VACUUM_INCREMENTAL = 2
+# An existing database that predates incremental auto-vacuum is converted (a full VACUUM:
+# it rewrites the file and holds the writer meanwhile) at start-up only up to this size,
+# about a second's work; a larger one waits for `t3d ctl db vacuum` (README "Data lifecycle").
+CONVERT_AT_START_BYTES = 64 * 1024 * 1024
 
 
 def migrate(conn: apsw.Connection) -> int:
@@ -182,8 +211,49 @@ def migrate(conn: apsw.Connection) -> int:
             f"the database schema is version {version}, newer than this t3d supports "
             f"({len(MIGRATIONS)}); upgrade t3d or point --state-dir at another directory"
         )
+    if version == 0 and not _has_tables(conn):
+        # Only an empty database takes this at once; see `convert_small_database` for others.
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
     for target in range(version + 1, len(MIGRATIONS) + 1):
+        if target == 5 and version > 0:
+            log.info("upgrading the database to schema version 5: indexing the event log by entity (once; about 3 s per million events)")
         with conn:
             conn.execute(MIGRATIONS[target - 1])
             conn.execute(f"PRAGMA user_version={target}")
     return len(MIGRATIONS)
+
+
+def _has_tables(conn: apsw.Connection) -> bool:
+    return any(True for _ in conn.execute("SELECT 1 FROM sqlite_schema WHERE type = 'table' LIMIT 1"))
+
+
+def auto_vacuum(conn: apsw.Connection) -> int:
+    mode = conn.execute("PRAGMA auto_vacuum").get
+    assert isinstance(mode, int)
+    return mode
+
+
+def convert_small_database(conn: apsw.Connection) -> bool:
+    """Give a database without incremental auto-vacuum its one-time VACUUM, if it is at most
+    `CONVERT_AT_START_BYTES`; return whether it is (now) incremental. A larger one is left as
+    it is, with a log line: the VACUUM rewrites the whole file (minutes for gigabytes, and as
+    much free disk again) while holding every write, so it is the user's call
+    (`t3d ctl db vacuum`). Until then freed pages are reused but the file never shrinks."""
+    if auto_vacuum(conn) == AUTO_VACUUM_INCREMENTAL:
+        return True
+    size = int(conn.execute("PRAGMA page_count").get) * int(conn.execute("PRAGMA page_size").get)
+    if size > CONVERT_AT_START_BYTES:
+        log.warning(
+            "the database (%d MiB) predates incremental auto-vacuum: space retention frees is reused "
+            "but the file does not shrink; run `t3d ctl db vacuum` once, at a quiet time (it rewrites "
+            "the file, holds writes meanwhile and needs as much free disk again)",
+            size >> 20,
+        )
+        return False
+    log.info("converting the database (%d MiB) to incremental auto-vacuum: a one-time VACUUM", size >> 20)
+    conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+    try:
+        conn.execute("VACUUM")
+    except apsw.BusyError:  # another connection reads it right now: try at the next start
+        log.warning("the one-time VACUUM could not run (the database is in use); it runs at the next start")
+    return auto_vacuum(conn) == AUTO_VACUUM_INCREMENTAL

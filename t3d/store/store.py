@@ -42,7 +42,7 @@ from t3d.store.commit import (
 )
 from t3d.store.read_classes import ReadClass
 from t3d.store.readers import ReaderPool
-from t3d.store.schema import SYNCHRONOUS, WRITER_PRAGMAS, migrate
+from t3d.store.schema import SYNCHRONOUS, WRITER_PRAGMAS, convert_small_database, migrate
 from t3d.store.writer import RETRY_MIN_S, Pending, WriterThread
 
 log = logging.getLogger("t3d.store")
@@ -103,6 +103,7 @@ def _connect_writer(path: str, synchronous: str, busy_timeout_ms: int = BUSY_TIM
         raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
     conn.execute(f"PRAGMA synchronous={synchronous}")
     migrate(conn)
+    convert_small_database(conn)
     return conn
 
 
@@ -195,6 +196,12 @@ class Store:
     def unavailable(self) -> DatabaseUnavailableError | None:
         """Why the database cannot take writes now, or None when it can."""
         return self._writer.unavailable
+
+    async def maintain(self, job: Callable[[apsw.Connection], T]) -> T:
+        """Run ``job`` (one short transaction, or a statement such as a vacuum step) on the
+        writer, in turn with every other write; nothing is published. For retention and
+        database maintenance (t3d/store/pruner.py, maintenance.py)."""
+        return await self._writer.run(job)
 
     async def pending_effects(self) -> list[tuple[int, ev.Effect]]:
         def query(conn: apsw.Connection) -> list[tuple[int, str, bytes]]:

@@ -179,7 +179,19 @@ def delete_thread_rows(conn: apsw.Connection, thread_id: str) -> None:
     conn.execute("DELETE FROM threads WHERE id = ?", (thread_id,))
 
 
+def enqueue_purge(conn: apsw.Connection, thread_id: str, through: int) -> None:
+    """The thread was deleted at sequence ``through``: retention deletes its earlier events
+    in bounded steps (t3d/store/retention.py), soon after."""
+    conn.execute(
+        "INSERT INTO purge_threads(thread_id, through) VALUES (?, ?) "
+        "ON CONFLICT(thread_id) DO UPDATE SET through = max(through, excluded.through)",
+        (thread_id, through),
+    )
+
+
 def apply_event(conn: apsw.Connection, event: Event, body: bytes) -> None:
+    """Project one event. A deleted thread's rows go at once (its projection is the working
+    state); its events go after, in steps (`enqueue_purge`, called once it has its sequence)."""
     if event.kind == "thread.deleted":
         delete_thread_rows(conn, event.entity.id)
     else:

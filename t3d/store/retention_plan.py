@@ -1,0 +1,292 @@
+"""Retention's plan: which bounded step comes next, and how large. Pure: no trio, no apsw.
+
+Theory of operation (the SQL is in retention.py, the driver in pruner.py):
+
+- An event is *superseded* once a newer event of the same entity (same kind and entity
+  id) exists: projections are "replace the row", so only the newest says what is.
+- Two classes, each with an age and a cursor (a sequence). ``item`` holds item snapshots
+  (``item.updated``); ``state`` holds the thread-state events (thread, turn, request,
+  session and checkpoint updates) and ``thread.deleted``. A window step of a class over
+  the sequences ``(lo, hi]`` deletes, for every entity with events of the class's kinds
+  in the window, every earlier event of that entity, then moves the cursor to ``hi``.
+  So once a cursor is at ``H``, exactly the events superseded by an event at or below
+  ``H`` are gone, and the newest event of every entity stays. A cursor stops at its
+  class's cutoff: the last event older than the age (times grow with the sequence, but
+  for a few milliseconds: each write takes its time when it is sent and commits in the
+  order sent).
+- A ``thread.deleted`` event the state cursor passes goes too (the thread's other events
+  went already, see below), and raises the shell's pruned-through mark.
+- Deleted threads: every event of a deleted thread below its ``thread.deleted`` goes at
+  once, not after an age (that is what deleting a thread means), `Policy.purge_rows` per
+  step, even when age-based retention is off.
+- Done outbox rows older than the state age go, `Policy.outbox_rows` per step.
+- Then, with incremental auto-vacuum, vacuum steps of `Policy.vacuum_pages` while more
+  than `Policy.vacuum_slack_pages` are free; last, one WAL checkpoint.
+- Every step is one short writer transaction. A window's span adapts so that a step takes
+  about `Policy.target_step_s`; after each step the driver pauses so that retention takes
+  about `Policy.duty` of the writer's time at most, and waits while the writer's queue is
+  deeper than `Policy.busy_queue` (other writes first).
+- A dry run plans the same windows as reads that count instead of deleting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+ITEM = "item"
+STATE = "state"
+CLASSES = (ITEM, STATE)
+KINDS: dict[str, tuple[str, ...]] = {
+    ITEM: ("item.updated",),
+    STATE: (
+        "thread.updated",
+        "turn.updated",
+        "request.updated",
+        "session.updated",
+        "checkpoint.updated",
+        "thread.deleted",
+    ),
+}
+
+
+@attrs.frozen
+class Policy:
+    # Seconds an event is kept once superseded (measured from the superseding event's
+    # time); None: that class is never pruned by age.
+    item_age_s: float | None = 3600.0
+    state_age_s: float | None = 7 * 86400.0
+    target_step_s: float = 0.01
+    first_span: int = 1000
+    min_span: int = 64
+    max_span: int = 20_000
+    purge_rows: int = 2000
+    outbox_rows: int = 2000
+    vacuum_pages: int = 256  # 1 MiB of 4 KiB pages per step (~10 ms)
+    vacuum_slack_pages: int = 256  # free pages left for the next inserts to reuse
+    duty: float = 0.25
+    busy_queue: int = 16
+
+    def age(self, cls: str) -> float | None:
+        return self.item_age_s if cls == ITEM else self.state_age_s
+
+
+@attrs.frozen
+class Survey:
+    """What the database says at the start of a pass (read in one transaction)."""
+
+    now: float
+    cursors: dict[str, int]  # class -> its cursor
+    cutoffs: dict[
+        str, int
+    ]  # class -> the last sequence older than its age (a cursor never passes it)
+    purges: tuple[
+        tuple[str, int, int], ...
+    ] = ()  # (thread id, its thread.deleted sequence, events left)
+    incremental: bool = False  # the database has incremental auto-vacuum
+    free_pages: int = 0
+
+
+@attrs.frozen
+class Window:
+    cls: str
+    lo: int
+    hi: int
+
+
+@attrs.frozen
+class Purge:
+    thread_id: str
+    through: int
+    limit: int
+
+
+@attrs.frozen
+class Outbox:
+    before: float
+    limit: int
+
+
+@attrs.frozen
+class Vacuum:
+    pages: int
+
+
+@attrs.frozen
+class Checkpoint:
+    pass
+
+
+Step = Window | Purge | Outbox | Vacuum | Checkpoint
+
+
+@attrs.frozen
+class StepResult:
+    """What a step did: rows deleted (or counted, in a dry run) and their stored bytes, the
+    free pages it left, and ``elapsed_s`` on the writer (commit included)."""
+
+    rows: int = 0
+    bytes: int = 0
+    free_pages: int = 0
+    elapsed_s: float = 0.0
+
+
+PHASES = {
+    Purge: "deleted threads",
+    Outbox: "outbox",
+    Vacuum: "vacuum",
+    Checkpoint: "wal checkpoint",
+}
+CLASS_PHASES = {ITEM: "item snapshots", STATE: "thread-state events"}
+
+
+def phase_of(step: Step) -> str:
+    return CLASS_PHASES[step.cls] if isinstance(step, Window) else PHASES[type(step)]
+
+
+def next_span(span: int, elapsed_s: float, policy: Policy) -> int:
+    """The next window's span, so that a step takes about ``target_step_s``: scaled by the
+    last step's speed (at most doubled, at least quartered), within ``[min_span, max_span]``."""
+    factor = 2.0 if elapsed_s <= 0 else min(2.0, max(0.25, policy.target_step_s / elapsed_s))
+    return max(policy.min_span, min(policy.max_span, int(span * factor)))
+
+
+def pause_after(elapsed_s: float, policy: Policy) -> float:
+    """Seconds to leave the writer to others after a step that took ``elapsed_s``."""
+    return elapsed_s * (1.0 - policy.duty) / policy.duty
+
+
+def writer_busy(queued: int, policy: Policy) -> bool:
+    """Other writes are waiting: retention waits for the queue to drain below the mark."""
+    return queued > policy.busy_queue
+
+
+def cutoff_time(now: float, age_s: float | None) -> float | None:
+    return None if age_s is None else now - age_s
+
+
+def last_before(
+    first_from: Callable[[int], tuple[int, float] | None], lo: int, hi: int, t: float
+) -> int:
+    """The highest sequence in ``(lo, hi]`` whose event is older than ``t``, or ``lo``;
+    ``first_from(s)`` gives the first event at or after ``s`` as (sequence, time), or None.
+    A binary search: it takes times to grow with the sequence (see the module docstring)."""
+    best, a, b = lo, lo + 1, hi
+    while a <= b:
+        mid = (a + b) // 2
+        found = first_from(mid)
+        if found is None or found[0] > b:
+            b = mid - 1
+        elif found[1] < t:
+            best, a = found[0], found[0] + 1
+        else:
+            b = mid - 1
+    return best
+
+
+@attrs.define
+class Pass:
+    """One retention pass over a `Survey`: `next_step` until None, reporting each step's
+    result with `finished`. Purges first (a deleted thread should go soon), then the item
+    windows, the state windows, the outbox, vacuum and the WAL checkpoint."""
+
+    survey: Survey
+    policy: Policy
+    dry_run: bool = False
+    spans: dict[str, int] = attrs.Factory(dict)
+    cursors: dict[str, int] = attrs.Factory(dict)
+    purges: list[tuple[str, int, int]] = attrs.Factory(list)
+    outbox_done: bool = False
+    free_pages: int = 0
+    vacuumed: bool = False
+    checkpointed: bool = False
+    # Totals of what the pass did (or, dry, would do), by phase.
+    rows: dict[str, int] = attrs.Factory(dict)
+    bytes: dict[str, int] = attrs.Factory(dict)
+    # Progress: units of work done and known so far (events scanned or purged, pages freed).
+    done: int = 0
+    total: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        self.cursors = dict(self.survey.cursors)
+        self.spans = dict.fromkeys(CLASSES, self.policy.first_span)
+        self.purges = [p for p in self.survey.purges if p[2] > 0]
+        self.free_pages = self.survey.free_pages
+        self.total = sum(left for _, _, left in self.purges) + sum(
+            max(0, self.survey.cutoffs[cls] - self.cursors[cls]) for cls in CLASSES
+        )
+        if self.dry_run:  # a purge's count is in the survey already
+            for _, _, left in self.purges:
+                self._add(PHASES[Purge], left, 0)
+            self.done += sum(left for _, _, left in self.purges)
+            self.purges = []
+        else:
+            self.total += self._vacuum_work()
+
+    def _vacuum_work(self) -> int:
+        if not self.survey.incremental:
+            return 0
+        return max(0, self.free_pages - self.policy.vacuum_slack_pages)
+
+    def next_step(self) -> Step | None:
+        if self.purges:
+            thread_id, through, _ = self.purges[0]
+            return Purge(thread_id, through, self.policy.purge_rows)
+        for cls in CLASSES:
+            lo, cutoff = self.cursors[cls], self.survey.cutoffs[cls]
+            if lo < cutoff:
+                return Window(cls, lo, min(cutoff, lo + self.spans[cls]))
+        outbox_before = cutoff_time(self.survey.now, self.policy.state_age_s)
+        if not self.outbox_done and outbox_before is not None:
+            return Outbox(outbox_before, self.policy.outbox_rows)
+        if self.dry_run:
+            return None
+        if (
+            self.survey.incremental
+            and not self.vacuumed
+            and self.free_pages > self.policy.vacuum_slack_pages
+        ):
+            return Vacuum(
+                min(self.policy.vacuum_pages, self.free_pages - self.policy.vacuum_slack_pages)
+            )
+        if not self.checkpointed:
+            return Checkpoint()
+        return None
+
+    def finished(self, step: Step, result: StepResult) -> None:
+        """Take in what ``step`` did (every step reports the free pages it left)."""
+        self._add(phase_of(step), result.rows, result.bytes)
+        if not self.dry_run and not isinstance(step, Vacuum):
+            before = self._vacuum_work()
+            self.free_pages = result.free_pages
+            self.total += max(0, self._vacuum_work() - before)
+        if isinstance(step, Purge):
+            thread_id, through, left = self.purges[0]
+            if result.rows < step.limit:
+                self.done += left
+                self.purges.pop(0)
+            else:
+                self.done += result.rows
+                self.purges[0] = (thread_id, through, max(0, left - result.rows))
+        elif isinstance(step, Window):
+            self.done += step.hi - step.lo
+            self.cursors[step.cls] = step.hi
+            self.spans[step.cls] = next_span(step.hi - step.lo, result.elapsed_s, self.policy)
+        elif isinstance(step, Outbox):
+            self.outbox_done = result.rows == 0 or self.dry_run
+        elif isinstance(step, Vacuum):
+            freed = max(0, self.free_pages - result.free_pages)
+            self.done += freed
+            self.vacuumed = freed == 0  # nothing moved: stop, do not spin
+            self.free_pages = result.free_pages
+        else:
+            self.checkpointed = True
+
+    def _add(self, phase: str, rows: int, size: int) -> None:
+        self.rows[phase] = self.rows.get(phase, 0) + rows
+        self.bytes[phase] = self.bytes.get(phase, 0) + size
+
+    def phase(self) -> str:
+        step = self.next_step()
+        return "done" if step is None else phase_of(step)
