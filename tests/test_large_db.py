@@ -24,6 +24,7 @@ from bench.gen_db import Generated, Shape, generate
 from t3d.domain import commands as c
 from t3d.domain.model import TurnItem
 from t3d.live.reads import REPLAY_MAX_BYTES, REPLAY_MAX_EVENTS, SHELL_SCAN_MAX
+from t3d.store import maintenance, retention, retention_plan
 from t3d.store import queries as q
 from t3d.store.commit import execute
 from t3d.store.readers import open_reader_connection
@@ -375,4 +376,46 @@ def test_the_plan_check_catches_a_missing_index(db: Path, generated: Generated) 
     conn.execute("DROP INDEX items_by_turn")
     ran = recorded(conn, _in_transaction(q.snapshot_query(generated.big_thread_id, 10, None)))
     assert any("SCAN items" in step for step in full_reads(conn, "snapshot", ran))
+    conn.close()
+
+
+def _kind_walks(conn: apsw.Connection, ran: list[Ran]) -> list[str]:
+    """Plan steps that search events_by_entity by kind alone: every event of a kind."""
+    found = []
+    for statement in ran:
+        for *_, detail in conn.execute("EXPLAIN QUERY PLAN " + statement.sql, statement.bindings):
+            if "events_by_entity" in detail and "entity_id=" not in detail and detail.startswith("SEARCH"):
+                found.append(f"{detail!r} in {' '.join(statement.sql.split())[:160]!r}")
+    return found
+
+
+def test_retention_steps_use_indexes(db: Path, generated: Generated) -> None:
+    """A retention pass's survey, its item and state windows (real and dry), a deleted
+    thread's purge, the outbox step, and the shell resume: no whole-table reads, and none
+    walks every event of a kind through events_by_entity (it is searched by kind and entity
+    only); db.stats reads the events' index and the counts whole, which is its point."""
+    conn = _writer(db)
+    execute(conn, c.DeleteThread(generated.child_thread_id), "delete-child", NOW)
+    policy = retention_plan.Policy()
+    top = q.current_sequence(conn)
+    steps = {
+        "survey": lambda cx: retention.survey(cx, NOW, policy),
+        "item window": lambda cx: retention.run_step(cx, retention_plan.Window("item", 1000, 3000)),
+        "state window": lambda cx: retention.run_step(cx, retention_plan.Window("state", 1000, 3000)),
+        "dry item window": lambda cx: retention.count_step(cx, retention_plan.Window("item", 3000, 5000)),
+        "dry state window": lambda cx: retention.count_step(cx, retention_plan.Window("state", 3000, 5000)),
+        "purge": lambda cx: retention.run_step(cx, retention_plan.Purge(generated.child_thread_id, top, 100)),
+        "outbox": lambda cx: retention.run_step(cx, retention_plan.Outbox(NOW, 100)),
+        "shell resume": _in_transaction(shell_resume_query(top - 200, REPLAY_MAX_EVENTS, REPLAY_MAX_BYTES, SHELL_SCAN_MAX)),
+    }
+    for path, run in steps.items():
+        ran = recorded(conn, run)
+        assert ran, f"{path}: no statement was recorded"
+        # purge_threads is a queue: deleted threads whose events are still to go (LIMIT 64)
+        scans = [f for f in full_reads(conn, path, ran) if "SCAN purge_threads" not in f]
+        assert not scans, f"{path} reads whole tables: {scans}"
+        assert not _kind_walks(conn, ran), f"{path} walks a whole kind: {_kind_walks(conn, ran)}"
+    ran = recorded(conn, _in_transaction(maintenance.stats_query(db, NOW)))
+    whole = {found.split()[1].strip("'") for found in full_reads(conn, "db stats", ran)}
+    assert whole <= {"events", "thread_counts", "purge_threads"}, whole
     conn.close()

@@ -3,7 +3,7 @@
 ``client`` connects (HTTP and JSON-RPC over WebSocket), ``render`` turns
 entities into terminal text (pure), ``terminal`` writes and reads the terminal,
 ``main`` parses the subcommands and runs them; each command module (``admin``:
-status, threads, stop, memory; ``turn``: run) registers its own.
+status, threads, stop, memory; ``turn``: run; ``db``: the database) registers its own.
 """
 
 from t3d.ctl.main import add_ctl_arguments, run_ctl

@@ -38,7 +38,6 @@ from t3d.store.retention_plan import (
     last_before,
 )
 from t3d.store.schema import AUTO_VACUUM_INCREMENTAL, auto_vacuum
-from t3d.store.tables import enqueue_purge
 
 SHELL_MARK = "shell"
 # Deleted threads a pass takes on (more wait for the next pass, which comes at once).
@@ -213,7 +212,6 @@ def _window(conn: apsw.Connection, step: Window) -> tuple[int, int]:
             marks[thread_id] = max(marks.get(thread_id, 0), sequence)
     for sequence, thread_id, _ in deleted:
         marks[thread_id] = max(marks.get(thread_id, 0), sequence)
-        enqueue_purge(conn, thread_id, sequence)  # a database older than the purge queue
         _set_value(conn, SHELL_MARK, sequence)
     _delete_events(conn, [s for s, _, _ in superseded] + [s for s, _, _ in deleted])
     _raise_marks(conn, marks)
@@ -243,8 +241,13 @@ def _purge(conn: apsw.Connection, step: Purge) -> tuple[int, int]:
 
 def _outbox(conn: apsw.Connection, step: Outbox) -> int:
     """Done rows older than ``before`` among the first ``limit`` rows (by id, so about by
-    age): a row still open at the head does not hold back the rows behind it."""
-    rows = conn.execute("SELECT id, done_at FROM outbox ORDER BY id LIMIT ?", (step.limit,))
+    age): a row still open at the head does not hold back the rows behind it. The newest
+    row always stays: outbox ids are rowids, and the effect worker takes each new id to be
+    higher than every earlier one (a deleted highest id would be handed out again)."""
+    rows = conn.execute(
+        "SELECT id, done_at FROM outbox WHERE id < (SELECT max(id) FROM outbox) ORDER BY id LIMIT ?",
+        (step.limit,),
+    )
     old = [(i,) for i, done_at in rows if done_at is not None and done_at < step.before]
     conn.executemany("DELETE FROM outbox WHERE id = ?", old)
     return len(old)

@@ -211,7 +211,7 @@ class Pass:
     def __attrs_post_init__(self) -> None:
         self.cursors = dict(self.survey.cursors)
         self.spans = dict.fromkeys(CLASSES, self.policy.first_span)
-        self.purges = [p for p in self.survey.purges if p[2] > 0]
+        self.purges = list(self.survey.purges)  # one with nothing left still takes a step: its row goes
         self.free_pages = self.survey.free_pages
         self.total = sum(left for _, _, left in self.purges) + sum(
             max(0, self.survey.cutoffs[cls] - self.cursors[cls]) for cls in CLASSES

@@ -212,8 +212,11 @@ def migrate(conn: apsw.Connection) -> int:
             f"({len(MIGRATIONS)}); upgrade t3d or point --state-dir at another directory"
         )
     if version == 0 and not _has_tables(conn):
-        # Only an empty database takes this at once; see `convert_small_database` for others.
+        # An empty database takes this at once, or after a VACUUM of nothing once its header
+        # is written (journal_mode=WAL writes it); see `convert_small_database` for others.
         conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        if auto_vacuum(conn) != AUTO_VACUUM_INCREMENTAL:
+            conn.execute("VACUUM")
     for target in range(version + 1, len(MIGRATIONS) + 1):
         if target == 5 and version > 0:
             log.info("upgrading the database to schema version 5: indexing the event log by entity (once; about 3 s per million events)")
