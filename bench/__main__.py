@@ -8,7 +8,8 @@
 ``--sessions`` takes a comma-separated list (a sweep: one daemon per run, every session
 count its own row and chart point). ``--compare 'ENV=VALUE ...'`` runs configuration A
 (the default settings) and B (A plus these variables in the daemon's environment)
-interleaved, A B A B, each run from the same starting database. ``--pin`` pins the daemon
+interleaved, A B A B, each run from the same starting database; ``--env 'ENV=VALUE ...'``
+sets variables for every configuration. ``--pin`` pins the daemon
 (and everything it starts) to the first half of the CPUs and the driver to the rest.
 ``--slow-clients 0,10`` compares in the same way, A with no never-reading client and B
 with 10 (see bench/slow.py). ``--pollers http,mcp`` too: A's approval pollers poll over HTTP
@@ -145,11 +146,12 @@ def pollers_of(args: argparse.Namespace) -> dict[str, str]:
 
 
 def configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """Each configuration's environment for the daemon."""
+    """Each configuration's environment for the daemon (``--env`` under every one)."""
+    base = parse_compare(args.env) if getattr(args, "env", None) else {}
     if args.compare:
-        return {"A": {}, "B": parse_compare(args.compare)}
+        return {"A": base, "B": {**base, **parse_compare(args.compare)}}
     two = "," in (getattr(args, "slow_clients", None) or "") or "," in (getattr(args, "pollers", None) or "")
-    return {"A": {}, "B": {}} if two else {"A": {}}
+    return {"A": base, "B": dict(base)} if two else {"A": base}
 
 
 def described_configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
@@ -295,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", help="output directory (default: bench-out/PROFILE-TIME)")
     run.add_argument("--db", help="start every run from a copy of this database file")
     run.add_argument("--compare", help="'ENV=VALUE ...': configuration B; runs A B A B interleaved")
+    run.add_argument(
+        "--env", help="'ENV=VALUE ...': settings for the daemon in every configuration (A and B)"
+    )
     run.add_argument(
         "--pin", action="store_true", help="pin daemon and driver to separate CPUs (taskset)"
     )

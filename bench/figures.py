@@ -39,6 +39,7 @@ STEADY_EXTRAS = (
     "approvals", "polls", "pending_p50_ms", "shell_p50_ms", "snapshot_polls", "snapshot_p50_ms",
     "driver_lag_p99_ms", "driver_lag_max_ms", "errors",
     "daemon_rss_first_third_mib", "daemon_rss_last_third_mib",
+    "db_mib_start", "db_mib_first_third", "db_mib_last_third", "db_mib_peak", "wal_mib_peak",
     "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
@@ -186,6 +187,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     third = len(rss) // 3
     fig["daemon_rss_first_third_mib"] = percentile(rss[:third], 50) if third else None
     fig["daemon_rss_last_third_mib"] = percentile(rss[-third:], 50) if third else None
+    _db_size(window_samples, fig)
     fig["daemon_cpu_s"] = _cpu(window_samples, "daemon_cpu")
     fig["spawner_cpu_s"] = _cpu(window_samples, "spawner_cpu")
     fig["driver_cpu_s"] = _cpu(window_samples, "driver_cpu")
@@ -300,6 +302,18 @@ def burst_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     return fig, missing
 
 
+def _db_size(samples: Sequence[Sample], fig: dict[str, Any]) -> None:
+    """The database file over the window: at its start, the medians of its first and last
+    thirds (levelled off: about equal), its peak, and the WAL's peak."""
+    db = [s.db_mib for s in samples if s.db_mib is not None]
+    third = len(db) // 3
+    fig["db_mib_start"] = db[0] if db else None
+    fig["db_mib_first_third"] = percentile(db[:third], 50) if third else None
+    fig["db_mib_last_third"] = percentile(db[-third:], 50) if third else None
+    fig["db_mib_peak"] = maximum(db)
+    fig["wal_mib_peak"] = maximum(s.wal_mib for s in samples if s.wal_mib is not None)
+
+
 def series_rows(
     samples: Sequence[Sample],
     probes: Sequence[Sequence[Any]],
@@ -307,7 +321,8 @@ def series_rows(
     origin: float,
     period: float,
 ) -> list[dict[str, Any]]:
-    """The per-period series for a run's CSV: memory, CPU, health and turns per period."""
+    """The per-period series for a run's CSV: memory, CPU, health, turns per period and the
+    database's size."""
     if not samples:
         return []
     first = samples[0].t - period
@@ -338,5 +353,6 @@ def series_rows(
             "machine_busy_jiffies": s.machine_busy, "machine_total_jiffies": s.machine_total,
             "git_calls": s.git_calls, "turns_done": done.get(k, 0),
             "health_max_ms": maximum(health.get(k, [])), "loop_lag_max_ms": maximum(lag.get(k, [])),
+            "db_mib": s.db_mib, "wal_mib": s.wal_mib,
         })  # fmt: skip
     return rows

@@ -149,6 +149,7 @@ async def run_once(spec: RunSpec) -> RunResult:
                 daemon.process.pid,
                 state.spawner_socket,
                 str(state.git_log) if state.git_log else None,
+                str(state.root / "t3d.sqlite"),
             )
             t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, gate, errors, restarts)
             if restarts:

@@ -1,7 +1,8 @@
 """Per-period samples of the daemon, its spawner sidecar, the provider processes and the
 driver's own processes, read from /proc (see ``bench.procfs``).
 
-One `Sample` per period (1 s by default, 100 ms for a burst). The spawner is looked up by
+One `Sample` per period (1 s by default, 100 ms for a burst), with the size of the
+daemon's database file and its WAL (retention should make it level off). The spawner is looked up by
 its socket path until found (it may start after the daemon, or restart); when it is never
 found it is reported absent, not as 0. Every provider process seen is remembered (pid and
 start time) so the coordinator can check that none outlives the daemon, and so is every
@@ -36,6 +37,9 @@ class Sample:
     machine_busy: int  # jiffies of all CPUs, busy and total (/proc/stat)
     machine_total: int
     git_calls: int | None
+    # The database file and its WAL, in MiB (None before the daemon created them).
+    db_mib: float | None = None
+    wal_mib: float | None = None
 
 
 @attrs.define
@@ -43,6 +47,7 @@ class Sampler:
     daemon_pid: int
     spawner_socket: str
     git_log: str | None
+    db_path: str | None = None
     driver_pids: list[int] = attrs.field(factory=list)
     samples: list[Sample] = attrs.field(factory=list)
     spawner: procfs.ProcessId | None = None
@@ -91,6 +96,8 @@ class Sampler:
             machine_busy=busy,
             machine_total=total,
             git_calls=_git_calls(self.git_log),
+            db_mib=_file_mib(self.db_path),
+            wal_mib=_file_mib(f"{self.db_path}-wal" if self.db_path else None),
         )
         self.samples.append(sample)
         return sample
@@ -100,6 +107,15 @@ class Sampler:
             started = time.monotonic()
             await trio.to_thread.run_sync(self.sample_once)
             await trio.sleep(max(0.0, started + period_s - time.monotonic()))
+
+
+def _file_mib(path: str | None) -> float | None:
+    if path is None:
+        return None
+    try:
+        return round(os.stat(path).st_size / 2**20, 2)
+    except FileNotFoundError:
+        return None
 
 
 def _git_calls(log: str | None) -> int | None:

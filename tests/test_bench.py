@@ -8,6 +8,7 @@ asserts a speed: the machine may be busy.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 import sys
@@ -20,7 +21,7 @@ import trio
 from harness import REPO, new_thread, open_client, run_turn, start_daemon
 
 from bench import codex_fixture, fixture, procfs, report
-from bench.__main__ import parse_compare, parse_sessions
+from bench.__main__ import configurations, parse_compare, parse_sessions
 from bench.daemon import daemon_env, prepare_state
 from bench.figures import BURST_FIGURES, STEADY_FIGURES
 from bench.prober import lag_of
@@ -105,6 +106,16 @@ def test_ab_summaries_give_each_configuration_and_the_ratio() -> None:
     }
     assert entry["configs"]["B"]["median"]["turns_completed"] == 12
     assert entry["ratio"]["turns_completed"] == pytest.approx(0.8)
+
+
+def test_env_sets_every_configuration_and_compare_adds_to_b() -> None:
+    """``--env`` goes to A and B; ``--compare`` to B only, over it."""
+    args = argparse.Namespace(env="T3D_RETENTION_ITEM_SNAPSHOTS_AGE=5m T3D_X=1", compare="T3D_X=2", slow_clients=None)
+    assert configurations(args) == {
+        "A": {"T3D_RETENTION_ITEM_SNAPSHOTS_AGE": "5m", "T3D_X": "1"},
+        "B": {"T3D_RETENTION_ITEM_SNAPSHOTS_AGE": "5m", "T3D_X": "2"},
+    }
+    assert configurations(argparse.Namespace(env="T3D_X=1", compare=None, slow_clients=None)) == {"A": {"T3D_X": "1"}}
 
 
 def test_command_line_lists() -> None:
@@ -281,6 +292,10 @@ async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path:
     label = run["label"]
     series = (out / f"{label}.csv").read_text().splitlines()
     assert series[0].startswith("t_s,daemon_rss_mib") and len(series) > 10
+    assert series[0].endswith(",db_mib,wal_mib")  # the database file and its WAL over time
+    assert sum(float(v or 0) for v in series[-1].split(",")[-2:]) > 0
+    assert run["figures"]["db_mib_peak"] >= run["figures"]["db_mib_start"] >= 0
+    assert run["figures"]["wal_mib_peak"] > 0
     assert len((out / f"{label}.turns.csv").read_text().splitlines()) > 1
     text = (out / "report.md").read_text()
     assert "turns ÷ limit" in text and label in text

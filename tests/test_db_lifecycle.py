@@ -8,7 +8,6 @@ about the automatic purge of a deleted thread.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,7 +19,6 @@ import trio
 from harness import TERMINAL, new_thread, open_client, run_turn, start_daemon, wait_until
 from live_support import merge_chunks, notes_until, thread_events, write_flood_fixture
 from served import base_env, query, serve
-from test_domain_model import PROJECTION_TABLES
 from test_retention import folded, projections
 
 from t3d.domain.codec import event_from
@@ -297,4 +295,34 @@ async def test_ctl_db_commands_report_and_act_through_the_daemon(tmp_path: Path)
             assert rows == [(1,)]
 
 
-_ = (os, PROJECTION_TABLES)
+
+async def test_check_names_each_problem_it_finds(tmp_path: Path) -> None:
+    """db.check's work on a database whose counts drifted and that holds an item of no thread:
+    not ok, each problem named; its progress goes table by table up to its total."""
+    from t3d.domain import commands as c
+    from t3d.store.maintenance import run_check
+    from t3d.store.store import open_store
+
+    def lost(error: BaseException | None) -> None:
+        raise AssertionError(f"writer lost: {error!r}")
+
+    path = tmp_path / "t3d.sqlite"
+    async with open_store(path, on_writer_lost=lost) as store:
+        await store.execute(c.CreateProject("p", "/p"))
+        await store.execute(c.CreateThread("t", "p", "replay"))
+        await store.execute(c.StartTurn("t", "u", "go"))
+
+    def damage() -> None:
+        conn = apsw.Connection(str(path))
+        conn.execute("UPDATE thread_counts SET items = 7 WHERE thread_id = 't'")
+        conn.execute("INSERT INTO items(id, thread_id, turn_id, ordinal, body) VALUES ('x', 'gone', 'u0', 1, x'7b7d')")
+        conn.close()
+
+    await trio.to_thread.run_sync(damage)
+    seen: list[tuple[str, int, int]] = []
+    result = await run_check(path, progress=lambda phase, done, total: seen.append((phase, done, total)))
+    assert not result["ok"]
+    assert any("items: 1 rows whose thread does not exist" in p for p in result["problems"])
+    assert any(p.startswith("thread t: threads whose maintained counts do not match") for p in result["problems"])
+    assert [d for _, d, _ in seen] == sorted(d for _, d, _ in seen) and seen[-1][1] == seen[-1][2]
+    assert any(phase == "checking events" for phase, _, _ in seen)
