@@ -95,6 +95,11 @@ async def test_a_resume_across_pruned_events_gets_a_snapshot(tmp_path: Path, nur
         daemon.stop()
 
 
+async def _all_turns_ended(daemon: Any) -> bool:
+    rows = await query(daemon.settings.db_path, f"SELECT count(*) FROM turns WHERE status NOT IN {tuple(TERMINAL)}")
+    return bool(rows[0][0] == 0)
+
+
 async def _events_of(daemon: Any, thread_id: str, count: int) -> bool:
     rows = await query(daemon.settings.db_path, "SELECT count(*) FROM events WHERE thread_id = ?", thread_id)
     return bool(rows[0][0] == count)
@@ -188,11 +193,12 @@ async def test_a_backup_while_turns_stream_is_the_database_at_one_commit(tmp_pat
         target = tmp_path / "backups" / "t3d-copy.sqlite"
         target.parent.mkdir()
         async with open_client(daemon) as actor:
-            threads = [await new_thread(actor, tmp_path) for _ in range(3)]
-            turns = [(await actor.call("turn.start", thread_id=t, text="flood"))["turn_id"] for t in threads]
+            project = (await actor.call("project.create", path=str(tmp_path)))["project_id"]
+            threads = [(await actor.call("thread.create", project_id=project, provider="replay"))["thread_id"] for _ in range(3)]
+            for thread_id in threads:
+                await actor.call("turn.start", thread_id=thread_id, text="flood")
             job = await finish(actor, await actor.call("db.backup", path=str(target)))
-            for turn_id in turns:
-                await actor.wait_event(turn_ended(turn_id))
+            await wait_until(lambda: _all_turns_ended(daemon))
             final = (await actor.call("db.stats"))["sequence"]
         result = job["result"]
         assert result["path"] == str(target) and result["bytes"] == target.stat().st_size
