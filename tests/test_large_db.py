@@ -417,5 +417,5 @@ def test_retention_steps_use_indexes(db: Path, generated: Generated) -> None:
         assert not _kind_walks(conn, ran), f"{path} walks a whole kind: {_kind_walks(conn, ran)}"
     ran = recorded(conn, _in_transaction(maintenance.stats_query(db, NOW)))
     whole = {found.split()[1].strip("'") for found in full_reads(conn, "db stats", ran)}
-    assert whole <= {"events", "thread_counts", "purge_threads"}, whole
+    assert whole <= {"events", "thread_counts", "purge_threads", "threads"}, whole
     conn.close()

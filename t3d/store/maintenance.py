@@ -82,7 +82,7 @@ def stats_query(path: Path, now: float) -> Callable[[apsw.Connection], dict[str,
             )
         ]
         totals: Any = conn.execute(
-            "SELECT count(*), coalesce(sum(turns), 0), coalesce(sum(items), 0) FROM thread_counts"
+            "SELECT (SELECT count(*) FROM threads), coalesce(sum(turns), 0), coalesce(sum(items), 0) FROM thread_counts"
         ).fetchall()[0]
         return {
             "path": str(path),
