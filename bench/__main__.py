@@ -4,6 +4,7 @@
     python -m bench run --profile stress --sessions 50,150 --runs 3 --compare 'T3D_X=false'
     python -m bench run --profile primary --sessions 250 --provider codex   # or mix
     python -m bench report DIR [DIR ...] --out DIR   # one report over earlier summaries
+    python -m bench prune --db PATH                  # retention on a database: sizes and time
 
 ``--sessions`` takes a comma-separated list (a sweep: one daemon per run, every session
 count its own row and chart point). ``--compare 'ENV=VALUE ...'`` runs configuration A
@@ -347,7 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--runs", type=int, default=5, help="daemon restarts after the first start (default 5)")
     up.add_argument("--reads", type=int, default=20, help="shell and snapshot reads each (default 20)")
     up.add_argument("--out", help="output directory (default: bench-out/startup-TIME)")
+    pr = sub.add_parser("prune", help="retention on a database: sizes before and after prune and vacuum, and the time (bench/prune.py)")
+    pr.add_argument("--db", required=True, help="the database to start from (copied; never changed)")
+    pr.add_argument("--no-full-vacuum", action="store_true", help="skip the VACUUM after the prune")
+    pr.add_argument("--out", help="output directory (default: bench-out/prune-TIME)")
     args = parser.parse_args(argv)
+    if args.command == "prune":
+        from bench import prune
+
+        return prune.command(args)
     if args.command == "gen-db":
         from bench import gen_db
 

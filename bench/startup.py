@@ -34,8 +34,11 @@ from bench.fixture import TURNS_NAME, fixture_path
 READY_TIMEOUT_S = 120.0
 
 
-async def start_daemon_timed(state: StateDir, log: Path) -> tuple[RunningDaemon, float]:
-    """Start ``t3d serve`` on ``state``; seconds until /api/health first answers 200."""
+async def start_daemon_timed(
+    state: StateDir, log: Path, flags: list[str] | None = None
+) -> tuple[RunningDaemon, float]:
+    """Start ``t3d serve`` on ``state`` (with ``flags``); seconds until /api/health first
+    answers 200."""
     port = free_port()
     argv = [
         sys.executable,
@@ -50,6 +53,7 @@ async def start_daemon_timed(state: StateDir, log: Path) -> tuple[RunningDaemon,
         str(fixture_path(TURNS_NAME)),
         "--log-level",
         "warning",
+        *(flags or []),
     ]
     started = time.monotonic()
     with log.open("ab") as log_file:

@@ -61,7 +61,7 @@ class Policy:
     first_span: int = 1000
     min_span: int = 64
     max_span: int = 20_000
-    purge_rows: int = 2000
+    purge_rows: int = 500
     outbox_rows: int = 2000
     vacuum_pages: int = 256  # 1 MiB of 4 KiB pages per step (~10 ms)
     vacuum_slack_pages: int = 256  # free pages left for the next inserts to reuse
