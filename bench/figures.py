@@ -39,7 +39,8 @@ STEADY_EXTRAS = (
     "approvals", "polls", "pending_p50_ms", "shell_p50_ms", "snapshot_polls", "snapshot_p50_ms",
     "driver_lag_p99_ms", "driver_lag_max_ms", "errors",
     "daemon_rss_first_third_mib", "daemon_rss_last_third_mib",
-    "db_mib_start", "db_mib_first_third", "db_mib_last_third", "db_mib_peak", "wal_mib_peak",
+    "db_mib_start", "db_mib_first_third", "db_mib_last_third", "db_growth_first_third_mib_min",
+    "db_growth_last_third_mib_min", "db_mib_peak", "wal_mib_peak",
     "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
@@ -304,14 +305,24 @@ def burst_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
 
 def _db_size(samples: Sequence[Sample], fig: dict[str, Any]) -> None:
     """The database file over the window: at its start, the medians of its first and last
-    thirds (levelled off: about equal), its peak, and the WAL's peak."""
-    db = [s.db_mib for s in samples if s.db_mib is not None]
+    thirds, how fast it grew in each (MiB per minute: with retention, the last third grows
+    only by the final state of new work, not by every superseded snapshot), its peak, and
+    the WAL's peak."""
+    db = [(s.t, s.db_mib) for s in samples if s.db_mib is not None]
     third = len(db) // 3
-    fig["db_mib_start"] = db[0] if db else None
-    fig["db_mib_first_third"] = percentile(db[:third], 50) if third else None
-    fig["db_mib_last_third"] = percentile(db[-third:], 50) if third else None
-    fig["db_mib_peak"] = maximum(db)
+    fig["db_mib_start"] = db[0][1] if db else None
+    fig["db_mib_first_third"] = percentile([m for _, m in db[:third]], 50) if third else None
+    fig["db_mib_last_third"] = percentile([m for _, m in db[-third:]], 50) if third else None
+    fig["db_growth_first_third_mib_min"] = _growth(db[:third])
+    fig["db_growth_last_third_mib_min"] = _growth(db[-third:])
+    fig["db_mib_peak"] = maximum(m for _, m in db)
     fig["wal_mib_peak"] = maximum(s.wal_mib for s in samples if s.wal_mib is not None)
+
+
+def _growth(points: Sequence[tuple[float, float]]) -> float | None:
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0]) * 60
 
 
 def series_rows(

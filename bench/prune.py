@@ -16,6 +16,7 @@ Sizes are of the database file (the WAL is truncated by each step). All results 
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -79,6 +80,7 @@ async def measure(db: Path, out: Path, full_vacuum: bool) -> dict[str, Any]:
     finally:
         await client.aclose()
         await stop_daemon(daemon)
+        shutil.rmtree(state.root, ignore_errors=True)  # a copy of a database of gigabytes
 
 
 def _mib(n: int) -> str:

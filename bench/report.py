@@ -55,6 +55,8 @@ LABELS = {
     "db_mib_start": "database file at the window's start (MiB)",
     "db_mib_first_third": "database file, median of the window's first third (MiB)",
     "db_mib_last_third": "database file, median of the window's last third (MiB)",
+    "db_growth_first_third_mib_min": "database file growth in the window's first third (MiB/min)",
+    "db_growth_last_third_mib_min": "database file growth in the window's last third (MiB/min)",
     "db_mib_peak": "database file peak (MiB)",
     "wal_mib_peak": "WAL file peak (MiB)",
     "turns_done_s": "every turn done (s)",

@@ -118,6 +118,23 @@ def test_env_sets_every_configuration_and_compare_adds_to_b() -> None:
     assert configurations(argparse.Namespace(env="T3D_X=1", compare=None, slow_clients=None)) == {"A": {"T3D_X": "1"}}
 
 
+def test_database_growth_is_measured_per_third_of_the_window() -> None:
+    """The database file's figures: its size at the start, the medians of the first and last
+    thirds, and each third's growth in MiB per minute (a flat tail grows by 0)."""
+    from bench.figures import _db_size
+    from bench.sampler import Sample
+
+    def at(t: float, mib: float) -> Sample:
+        return Sample(t, None, None, None, None, None, None, 0, 0.0, None, 0.0, 0, 0, None, db_mib=mib, wal_mib=1.0)
+
+    sizes = [10.0 + 2 * n for n in range(6)] + [22.0] * 6  # +2 MiB per sample, then flat
+    fig: dict[str, object] = {}
+    _db_size([at(60.0 * n, mib) for n, mib in enumerate(sizes)], fig)
+    assert fig["db_mib_start"] == 10.0 and fig["db_mib_peak"] == 22.0 and fig["wal_mib_peak"] == 1.0
+    assert fig["db_growth_first_third_mib_min"] == 2.0 and fig["db_growth_last_third_mib_min"] == 0.0
+    assert (fig["db_mib_first_third"], fig["db_mib_last_third"]) == (13.0, 22.0)
+
+
 def test_command_line_lists() -> None:
     assert parse_compare("T3D_A=false 'T3D_B=x y'") == {"T3D_A": "false", "T3D_B": "x y"}
     assert parse_sessions("50,100, 250") == [50, 100, 250]
