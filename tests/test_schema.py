@@ -138,6 +138,17 @@ async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: 
             await call("unsubscribe", sub=server)
             await call("thread.move", thread_id=thread, workspace={"worktree": {}})
             await call("thread.archive", thread_id=thread)
+            await call("thread.unarchive", thread_id=thread)
+            await call("db.stats")
+            for method, params in (
+                ("db.prune", {"dry_run": True}), ("db.prune", {}), ("db.vacuum", {}), ("db.check", {}),
+                ("db.backup", {"path": str(tmp_path / "backup.sqlite")}),
+            ):  # fmt: skip
+                job = await call(method, **params)
+                while job["state"] == "running":
+                    job = await call("db.job", job_id=job["job_id"])
+                assert job["state"] == "done", job
+            await call("db.cancel", job_id=job["job_id"])
             await call("thread.delete", thread_id=thread, force=True)
             _, over_http = await http(
                 daemon, "POST", "/api/dispatch", {"jsonrpc": "2.0", "id": 1, "method": "thread.snapshot", "params": {"thread_id": "none"}}

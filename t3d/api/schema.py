@@ -27,6 +27,7 @@ from t3d.api.methods import (
     WAIT_MAX_S,
 )
 from t3d.api.schema_types import (
+    ANY_OBJECT,
     DRAFT,
     Field,
     Schema,
@@ -38,6 +39,7 @@ from t3d.api.schema_types import (
     enum,
     integer,
     nullable,
+    number,
     obj,
     opt,
     ref,
@@ -117,6 +119,41 @@ SUBSCRIBED = {
 }
 
 
+DB_AGES = ("<1h", "1h-1d", "1d-7d", "7d-30d", ">30d")
+_BY_PHASE = {"type": "object", "additionalProperties": integer(0)}
+DB_RESULTS = {
+    "prune": obj({
+        "dry_run": req(boolean()), "elapsed_s": req(number()), "steps": req(integer(0)),
+        "rows": req(_BY_PHASE, "rows deleted (dry: that would be), by phase"),
+        "bytes": req(_BY_PHASE, "their stored bytes, by phase"),
+        "cursors": req(obj({"item": req(SEQUENCE), "state": req(SEQUENCE)})),
+        "free_pages": req(integer(0)), "more": req(boolean(), "more deleted threads to purge: another pass follows"),
+    }, title="DbPruneReport"),
+    "vacuum": obj({
+        "mode": req(enum(("incremental", "full"))), "elapsed_s": req(number()), "freed_pages": req(integer()),
+        "pages_before": req(integer(0)), "pages_after": opt(integer(0)), "free_pages": opt(integer(0)),
+    }, title="DbVacuumReport"),
+    "check": obj({
+        "ok": req(boolean()), "problems": req(array(string(), 200)), "tables": req(integer(0)), "elapsed_s": req(number()),
+    }, title="DbCheckReport"),
+    "backup": obj({
+        "path": req(string()), "bytes": req(integer(0)), "sequence": req(SEQUENCE, "the copy holds every commit up to here"),
+        "elapsed_s": req(number()),
+    }, title="DbBackupReport"),
+}  # fmt: skip
+DB_JOB = obj(
+    {
+        "job_id": req(string(50)), "kind": req(enum(tuple(DB_RESULTS))), "params": req(ANY_OBJECT),
+        "state": req(enum(("running", "done", "failed", "cancelled"))),
+        "phase": req(string()), "done": req(integer(0)), "total": req(integer(0), "0 with done 0: SQLite cannot tell"),
+        "started_at": req(number()), "elapsed_s": req(number()),
+        "result": req({"anyOf": [{"type": "null"}, *DB_RESULTS.values()]}, "once done: the report of its kind"),
+        "error": req(nullable(string()), "once failed: what went wrong"),
+    },
+    title="DbJob",
+)  # fmt: skip
+
+
 # --- the methods ---------------------------------------------------------------------------
 
 
@@ -173,6 +210,11 @@ METHODS: dict[str, Method] = {
     "thread.rename": Method("Retitle a thread.", {"thread_id": THREAD_ID, "title": req(string(500))}, obj({"thread_id": req(ID), **MUTATION})),
     "thread.archive": Method(
         "Archive a thread: its open turns are cancelled and its agent stops.",
+        {"thread_id": THREAD_ID},
+        obj({"thread_id": req(ID), **MUTATION}),
+    ),
+    "thread.unarchive": Method(
+        "Undo an archive: the thread takes turns again; its next turn starts an agent.",
         {"thread_id": THREAD_ID},
         obj({"thread_id": req(ID), **MUTATION}),
     ),
@@ -295,6 +337,53 @@ METHODS: dict[str, Method] = {
         obj({"sub": req(string(50)), "memory_pressure": req(boolean(), "memory_pressure notifications follow")}),
     ),
     "unsubscribe": Method("End a subscription.", {"sub": req(string(50))}, obj({"sub": req(string(50))})),
+    "db.stats": Method(
+        "The database: sizes, free pages, events by kind and age, the largest threads, retention's cursors.",
+        {},
+        obj({
+            "path": req(string()), "file_bytes": req(integer(0)), "wal_bytes": req(integer(0)),
+            "page_size": req(integer(1)), "pages": req(integer(0)), "free_pages": req(integer(0)),
+            "auto_vacuum": req(enum(("none", "full", "incremental", "unknown"))), "sequence": req(SEQUENCE),
+            "events": req(integer(0)),
+            "events_by_kind": req({
+                "type": "object",
+                "additionalProperties": obj({
+                    "total": req(integer(0)),
+                    "by_age": req(obj({age: req(integer(0)) for age in DB_AGES}), "by the time each event was written"),
+                }),
+            }),
+            "threads": req(integer(0)), "turns": req(integer(0)), "items": req(integer(0)),
+            "largest_threads": req(array(obj({
+                "thread_id": req(ID), "title": req(nullable(string())), "turns": req(integer(0)),
+                "items": req(integer(0)), "events": req(integer(0)),
+            })), "by items, at most 10"),
+            "retention": req(obj({
+                "cursors": req(obj({"item": req(SEQUENCE), "state": req(SEQUENCE)}), "each class is pruned up to here"),
+                "shell_pruned_through": req(SEQUENCE, "a shell resume from before this gets a snapshot"),
+                "threads_to_purge": req(integer(0), "deleted threads whose events are still to go"),
+            })),
+        }),
+    ),
+    "db.prune": Method(
+        "Start a retention pass with the configured ages (dry_run: count, delete nothing); follow it with db.job.",
+        {"dry_run": opt(boolean(), "default false")},
+        DB_JOB,
+    ),
+    "db.vacuum": Method(
+        "Start handing free pages back (full: one VACUUM that rewrites the file and holds every write until done).",
+        {"full": opt(boolean(), "default false; a database from before incremental auto-vacuum always gets one")},
+        DB_JOB,
+    ),
+    "db.check": Method("Start integrity_check of every table and index, foreign_key_check and the projections' checks.", {}, DB_JOB),
+    "db.backup": Method(
+        "Start an online copy of the database, as of one commit, to a new file.",
+        {"path": req(string(4096), "absolute path of the file to write (never overwritten)")},
+        DB_JOB,
+    ),
+    "db.job": Method("A database job: how far it got, then its result or error.", {"job_id": req(string(50))}, DB_JOB),
+    "db.cancel": Method(
+        "Stop a database job between two steps (a VACUUM once started cannot be stopped).", {"job_id": req(string(50))}, DB_JOB
+    ),
 }
 
 

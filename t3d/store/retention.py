@@ -42,7 +42,6 @@ from t3d.store.schema import AUTO_VACUUM_INCREMENTAL, auto_vacuum
 SHELL_MARK = "shell"
 # Deleted threads a pass takes on (more wait for the next pass, which comes at once).
 PURGES_PER_PASS = 64
-WRITER_BUSY_TIMEOUT_MS = 5000  # as WRITER_PRAGMAS sets it
 
 
 def cursor_name(cls: str) -> str:
@@ -306,9 +305,10 @@ def count_step(conn: apsw.Connection, step: Step) -> StepResult:
 def checkpoint_wal(conn: apsw.Connection) -> tuple[int, int, int]:
     """Copy the WAL into the database and truncate it, never waiting for a reader: a reader
     that holds an old snapshot leaves the rest for the next time (busy, log, checkpointed)."""
-    conn.execute("PRAGMA busy_timeout=0")
+    previous = int(conn.execute("PRAGMA busy_timeout").get)
+    conn.set_busy_timeout(0)
     try:
         row: Any = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()[0]
     finally:
-        conn.execute(f"PRAGMA busy_timeout={WRITER_BUSY_TIMEOUT_MS}")
+        conn.set_busy_timeout(previous)
     return int(row[0]), int(row[1]), int(row[2])
