@@ -185,7 +185,8 @@ PendingSequences = tuple[list[tuple[str, str, int]], int]
 def pending_request_sequences_query(limit: int):  # type: ignore[no-untyped-def]
     """(id, thread id, opening sequence) of at most ``limit`` pending requests, and the last
     committed sequence. A pending request's opening event is its latest ``request.updated``,
-    found walking its thread's events backwards (events_by_thread); one pruned away reads 0."""
+    found through events_by_entity (an entity's newest event is never pruned; were it gone,
+    it would read 0)."""
 
     def query(conn: apsw.Connection) -> PendingSequences:
         rows = conn.execute(
