@@ -29,6 +29,7 @@ from t3d.errors import ConfigError, ServiceError, T3dError
 from t3d.gc_tuning import tune_gc
 from t3d.malloc_tuning import tune_malloc
 from t3d.service.notify import NotifyTarget, notify_target
+from t3d.observe.logs import configure_logging
 from t3d.startup_checks import check_settings
 
 # What systemd gives the daemon for notifications; not passed on to the processes it starts.
@@ -68,6 +69,9 @@ SERVE_FLAGS = (
     ("--retention-state-events-age", "retention_state_events_age", "how long superseded thread, turn, request, session and checkpoint events (and done outbox rows) are kept, 0-365d (T3D_RETENTION_STATE_EVENTS_AGE; default 7d)"),
     ("--retention-interval", "retention_interval", "time between retention passes, 1s-1d (T3D_RETENTION_INTERVAL; default 1m)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
+    ("--log-format", "log_format", "text or json: json writes one object per line with time, level, logger, message and the record's fields (T3D_LOG_FORMAT; default text)"),
+    ("--loop-stall-threshold", "loop_stall_threshold", "seconds, 0.05-600: a loop stall this long logs one record with the slowest task steps, RSS, GC state and the writer queue (T3D_LOOP_STALL_THRESHOLD; default 1)"),
+    ("--metrics-open", "metrics_open", "none or loopback: loopback lets scrapers on a loopback address read GET /metrics without the token (T3D_METRICS_OPEN; default none)"),
 )
 
 
@@ -126,14 +130,6 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> a
     return args
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-
-
 async def _serve(settings: Settings, notify: NotifyTarget | None, interactive: bool) -> None:
     from t3d.daemon import DaemonControl, DaemonInfo, run_daemon
 
@@ -162,8 +158,9 @@ async def _serve(settings: Settings, notify: NotifyTarget | None, interactive: b
 
         nursery.start_soon(stop_on_signal)
         info = await nursery.start(daemon)
-        print(f"t3d serving on {info.url}", file=sys.stderr, flush=True)
-        print(f"token: {info.token_path}", file=sys.stderr, flush=True)
+        if settings.log_format == "text":  # json: the "serving" record says it, as a JSON line
+            print(f"t3d serving on {info.url}", file=sys.stderr, flush=True)
+            print(f"token: {info.token_path}", file=sys.stderr, flush=True)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -177,7 +174,7 @@ def serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"t3d: invalid setting: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     for warning in warnings:
         logging.getLogger("t3d").warning("%s", warning)
     tune_gc()

@@ -96,6 +96,13 @@ class Settings:
     # Seconds between retention passes.
     retention_interval: float = 60.0
     log_level: str = "info"
+    # text: one line per record; json: one JSON object per line (t3d/observe/logs.py).
+    log_format: str = "text"
+    # A loop stall at least this long (seconds) logs one record with what the daemon was doing.
+    loop_stall_threshold: float = 1.0
+    # none: GET /metrics needs the token like every route; loopback: scrapers connecting
+    # from a loopback address need none.
+    metrics_open: str = "none"
 
     @property
     def db_path(self) -> Path:
@@ -275,6 +282,9 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "retention_state_events_age": ("T3D_RETENTION_STATE_EVENTS_AGE", _duration(0.0, 365 * 86400.0)),
     "retention_interval": ("T3D_RETENTION_INTERVAL", _duration(1.0, 86400.0)),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
+    "log_format": ("T3D_LOG_FORMAT", _choice("text", "json")),
+    "loop_stall_threshold": ("T3D_LOOP_STALL_THRESHOLD", _float_in(0.05, 600.0)),
+    "metrics_open": ("T3D_METRICS_OPEN", _choice("none", "loopback")),
 }
 
 

@@ -37,6 +37,8 @@ from t3d.git.service import Checkpoints
 from t3d.health import health_report
 from t3d.live.hub import Hub
 from t3d.loop_monitor import LoopMonitor
+from t3d.observe.metrics import Observer, Sources
+from t3d.observe.tally import CommitTally
 from t3d.pressure.sampler import PressureSampler, run_pressure_sampler
 from t3d.service.notify import Notifier, NotifyTarget, run_notify
 from t3d.service.runfile import RunFile, started_at_now
@@ -122,7 +124,9 @@ async def _run_daemon(
                 ),
             )
             store.on_commit(pruner.on_commit)
-            monitor = LoopMonitor()
+            tally = CommitTally()  # counts and turn/agent log lines (t3d/observe/tally.py)
+            store.on_commit(tally.on_commit)
+            monitor = LoopMonitor(stall_threshold_s=settings.loop_stall_threshold)
             transport = TransportStats()
             bound: list[int] = [settings.port]
 
@@ -158,6 +162,11 @@ async def _run_daemon(
                     pressure=pressure if settings.pressure_admission == "on" else None,
                 )
                 store.on_commit(admission.on_commit)
+                observer = Observer(
+                    Sources(store, monitor, admission, sessions, hub, spawner, pressure, transport, gc_pauses,
+                            websockets=lambda: app.live_statistics(), checkpoints=checkpoints.statistics),
+                    tally,
+                )  # fmt: skip
 
                 def health() -> dict[str, Any]:
                     lag = monitor.statistics()
@@ -194,6 +203,7 @@ async def _run_daemon(
                 await nursery.start(admission.run)
                 await nursery.start(run_pressure_sampler, pressure)
                 await nursery.start(run_effects, store, effects, admission.dispatch)
+                await nursery.start(observer.spawner.run)
 
                 def request_shutdown(stop_agents: bool) -> dict[str, Any]:
                     """server.shutdown: reply, then stop as SIGTERM would (``stop_agents``: as Ctrl-C)."""
@@ -220,6 +230,7 @@ async def _run_daemon(
                         git=GitMethods(store, checkpoints, settings.state_dir),
                         shutdown=request_shutdown,
                         db=DbMethods(store, pruner, DbJobs(nursery)),
+                        agents=observer.agents,
                     ),
                     hub,
                     token,
@@ -227,6 +238,8 @@ async def _run_daemon(
                     spawner=spawner,
                     bound=lambda: (settings.host, bound[0]),
                     pressure=pressure,
+                    metrics=observer.exposition,
+                    metrics_open=settings.metrics_open,
                 )
                 port = await nursery.start(partial(serve_api_transport, stats=transport), app, settings.host, settings.port)
                 bound[0] = port
@@ -235,7 +248,10 @@ async def _run_daemon(
                 await trio.to_thread.run_sync(state.publish, run)
                 if notify is not None:
                     await nursery.start(run_notify, Notifier(notify), lambda: _status_line(url, sessions.count, admission))
-                log.info("t3d %s serving on %s (token in %s)", _version(), url, token_path)
+                log.info(
+                    "t3d %s serving on %s (token in %s)", _version(), url, token_path,
+                    extra={"event": "serving", "url": url, "token_path": str(token_path)},
+                )  # fmt: skip
                 task_status.started(DaemonInfo(url, port, str(token_path)))
     if lost:
         raise WriterLostError("the database writer thread died") from lost[0]

@@ -22,14 +22,15 @@ younger collections of 3-5 ms in four minutes. They were the longest loop stalls
   250 with 100 never-reading clients (~25,000 subscriptions) one took 650-850 ms,
   about every 7 minutes; `/api/health` shows each generation's longest pause.
 
-`GcPauses` times every collection (two clock reads each) for `/api/health`.
+`GcPauses` times every collection (two clock reads each) for `/api/health`, the
+stall record (the last pause, and when) and ``/metrics`` (its `on_pause` listeners).
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -53,6 +54,11 @@ class GcPauses:
         self.count = [0, 0, 0]
         self.total_s = [0.0, 0.0, 0.0]
         self.max_s = [0.0, 0.0, 0.0]
+        # The last collection: its generation, its pause and when it ended (time.monotonic()).
+        self.last: tuple[int, float, float] | None = None
+        # Called with (generation, pause in seconds) after each collection, in the thread
+        # that collected; they must be quick and must not allocate much.
+        self.on_pause: list[Callable[[int, float], None]] = []
 
     @contextmanager
     def installed(self) -> Iterator[GcPauses]:
@@ -71,6 +77,9 @@ class GcPauses:
         self.count[generation] += 1
         self.total_s[generation] += took
         self.max_s[generation] = max(self.max_s[generation], took)
+        self.last = (generation, took, time.monotonic())
+        for listener in self.on_pause:
+            listener(generation, took)
 
     def statistics(self) -> dict[str, Any]:
         """For /api/health: per generation, collections, total and longest pause (ms);

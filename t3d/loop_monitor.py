@@ -10,8 +10,11 @@ timestamped samples). Health reports p50/p99/max over the window; the
 admission gate reads p99 over the last second.
 
 A Trio instrument times every task step and keeps the slowest few since the
-last report (bounded: `SLOW_STEPS`). When lag passes `STALL_WARNING_S`, a
-warning names the task steps that held the loop.
+last report (bounded: `SLOW_STEPS`). A stall (lag at or over the threshold,
+``--loop-stall-threshold``, default `STALL_WARNING_S`) logs one warning: the
+stall's length, the task steps that held the loop and, from `describe_stall`
+(set by the daemon), what the rest of the daemon looked like right after it:
+RSS, GC state and the writer queue. In JSON logs each is a field of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 import trio
@@ -76,10 +80,14 @@ class StepTimer(trio.abc.Instrument):
 
 
 class LoopMonitor:
-    def __init__(self) -> None:
+    def __init__(self, *, stall_threshold_s: float = STALL_WARNING_S) -> None:
         self.samples: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (when, lag s)
         self._steps = StepTimer()
         self._listeners: list[Callable[[float], None]] = []
+        self.stall_threshold_s = stall_threshold_s
+        self.stalls = 0
+        # What a stall record says of the rest of the daemon: (text, structured fields).
+        self.describe_stall: Callable[[], tuple[str, dict[str, Any]]] | None = None
 
     def on_sample(self, listener: Callable[[float], None]) -> None:
         """Call ``listener(now)`` after every sample (on the loop; it must not block)."""
@@ -123,8 +131,24 @@ class LoopMonitor:
                 self.record(now, lag)
                 interval = INTERVAL_S if self._steps.others_ran else IDLE_INTERVAL_S
                 slowest = self._steps.take()
-                if lag >= STALL_WARNING_S:
-                    steps = ", ".join(f"{name} {took * 1000:.0f} ms" for took, name in slowest)
-                    log.warning("the event loop stalled for %.2f s; slowest task steps: %s", lag, steps)
+                if lag >= self.stall_threshold_s:
+                    self._stalled(lag, slowest)
         finally:
             trio.lowlevel.remove_instrument(self._steps)
+
+    def _stalled(self, lag: float, slowest: list[tuple[float, str]]) -> None:
+        """One record per stall: its length, the slowest task steps, and the daemon's state."""
+        self.stalls += 1
+        steps = [{"task": name, "ms": round(took * 1000, 1)} for took, name in slowest]
+        text, fields = "", dict[str, Any]()
+        if self.describe_stall is not None:
+            try:
+                text, fields = self.describe_stall()
+            except Exception as exc:  # the record goes out without it
+                text = f"; (the daemon's state could not be read: {exc!r})"
+        listed = ", ".join(f"{step['task']} {step['ms']:.0f} ms" for step in steps) or "none recorded"
+        log.warning(
+            "the event loop stalled for %.2f s; slowest task steps: %s%s",
+            lag, listed, text,
+            extra={"event": "loop_stall", "stall_s": round(lag, 3), "slowest_steps": steps, **fields},
+        )  # fmt: skip

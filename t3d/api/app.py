@@ -1,7 +1,9 @@
 """The API application: HTTP routes, and WebSocket connections with subscriptions.
 
 Rules:
-- Everything but ``GET /api/health`` needs ``Authorization: Bearer <token>``.
+- Everything but ``GET /api/health`` needs ``Authorization: Bearer <token>``;
+  ``GET /metrics`` too, unless ``--metrics-open loopback`` and the scraper connects
+  from a loopback address.
   WebSocket upgrades are accepted only on ``/ws``, with the token, and from no
   Origin or a loopback one.
 - On a WebSocket each request runs in its own task (at most
@@ -22,9 +24,10 @@ Rules:
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import orjson
@@ -89,8 +92,13 @@ class ApiApp:
         spawner: Spawner,
         pressure: PressureSampler | None = None,
         connection_budget: int = CONNECTION_BYTES,
+        metrics: Callable[[], Awaitable[bytes]] | None = None,
+        metrics_open: str = "none",
     ) -> None:
         self.methods = methods
+        # The /metrics body (t3d/observe/metrics.py); none: the route is not served.
+        self._metrics = metrics
+        self._metrics_open = metrics_open
         self.pressure = pressure
         # Bytes one WebSocket connection may hold for its client (t3d/live/budget.py).
         self.connection_budget = connection_budget
@@ -134,6 +142,8 @@ class ApiApp:
         if request.path == "/mcp":  # MCP (t3d/api/mcp.py): Origin, then token, checked there
             origin_ok = origin_allowed(request.headers.get("origin"), *self._bound())
             return await self.mcp.handle(request, origin_ok=origin_ok, token_ok=bearer_ok(request.headers, self._token))
+        if request.path == "/metrics" and request.method == "GET" and self._metrics is not None:
+            return await self._serve_metrics(request)
         if not bearer_ok(request.headers, self._token):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
         try:
@@ -143,6 +153,20 @@ class ApiApp:
                 raise _unavailable(exc) from exc
         except rpc.RpcError as exc:
             return _json(_rpc_status(exc), {"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
+
+    async def _serve_metrics(self, r: HttpRequest) -> HttpResponse:
+        """The Prometheus exposition: with the token, or from loopback when the setting allows."""
+        assert self._metrics is not None
+        if not (self._metrics_open == "loopback" and _loopback(r.peer)) and not bearer_ok(r.headers, self._token):
+            return _error(
+                401, "unauthorized",
+                "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from "
+                "<state-dir>/auth/token (Prometheus: authorization.credentials_file), or start the daemon "
+                "with --metrics-open loopback to let loopback scrapers in without it",
+            )  # fmt: skip
+        if r.query:
+            return _error(400, "invalid_params", f"unknown query parameter {', '.join(sorted(r.query))} for /metrics; it takes none")
+        return HttpResponse(200, await self._metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def _route(self, r: HttpRequest) -> HttpResponse:
         if r.method == "GET" and r.path == "/api/shell":
@@ -241,6 +265,17 @@ class ApiApp:
             await connection.run()
         finally:
             self.connections.discard(connection)
+
+
+def _loopback(peer: str) -> bool:
+    """Is ``peer`` (an IP address as the socket gave it) a loopback address? Pure."""
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def _pieces(pieces: list[bytes]) -> HttpResponse:

@@ -32,6 +32,7 @@ class HttpRequest:
     query: Mapping[str, str]  # first value per key
     headers: Mapping[str, str]  # lower-case name -> value; repeats joined with ", "
     body: bytes
+    peer: str = ""  # the client's IP address, as the socket says ("" when unknown)
 
 
 @attrs.frozen

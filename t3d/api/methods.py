@@ -95,10 +95,12 @@ class Methods:
         git: GitMethods | None = None,
         shutdown: Callable[[bool], dict[str, Any]] | None = None,
         db: DbMethods | None = None,
+        agents: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     ) -> None:
         self._store = store
         self._force_stop = force_stop
         self._shutdown = shutdown
+        self._agents = agents
         self._git = git
         self.reader = BaseReader(store)
         # requests.wait: the pending requests by sequence, and who waits (t3d/live/waiters.py).
@@ -123,6 +125,7 @@ class Methods:
             "requests.pending": self.requests_pending,
             "requests.wait": self.requests_wait,
             "item.detail": self.item_detail,
+            "server.agents": self.server_agents,
         }
         if git is not None:  # worktrees, checkpoint.diff|revert, thread.move (t3d/api/git_methods.py)
             git.commit = self._commit
@@ -181,6 +184,14 @@ class Methods:
         if self._shutdown is None:
             raise RpcError(DOMAIN_CODES["conflict"], "this server cannot be shut down over the API")
         return self._shutdown(stop_agents)
+
+    async def server_agents(self, p: Params) -> Any:
+        """Every live agent: its thread, provider, turn and process group's RSS and CPU
+        (t3d/observe/metrics.py `Observer.agents`), and the daemon's own."""
+        p.check()
+        if self._agents is None:
+            raise RpcError(UNAVAILABLE, "this server does not report its agents")
+        return await self._agents()
 
     async def project_create(self, p: Params) -> Any:
         path = p.str("path")

@@ -317,6 +317,31 @@ METHODS: dict[str, Method] = {
             "restored": req(integer(0)), "deleted": req(integer(0)), "commit": req(string()), "directory": req(string()),
         }),
     ),
+    "server.agents": Method(
+        "Every live agent (provider process) with its thread's turn and its process group's RSS and "
+        "CPU time, and the daemon's own; what `t3d ctl top` shows.",
+        {},
+        obj({
+            "at": req(number(), "when this was read (seconds since the epoch)"),
+            "agents": req(array(obj({
+                "thread_id": req(ID), "provider": req(string(), "unknown if no event named it since the daemon started"),
+                "pid": req(integer(), "the agent's pid, also its process group"),
+                "scope": req(nullable(string()), "its systemd scope unit, if it runs in one"),
+                "status": req(enum(("starting", "running", "waiting", "idle")), "what its thread's turn is doing"),
+                "turn_id": req(nullable(ID)), "turn_ordinal": req(nullable(integer(1))),
+                "turn_requested_at": req(nullable(number())),
+                "turn_started_at": req(nullable(number()), "when the turn reached its provider"),
+                "turn_s": req(nullable(number()), "seconds since the turn started"),
+                "agent_started_at": req(nullable(number())), "session_id": req(nullable(string())),
+                "processes": req(integer(0), "processes in its process group now"),
+                "rss_bytes": req(nullable(integer(0)), "the group's summed RSS (null: it is gone)"),
+                "cpu_s": req(nullable(number()), "the group's CPU seconds, reaped children included"),
+            }))),
+            "daemon": req(obj({
+                "pid": req(integer()), "rss_bytes": req(nullable(integer(0))), "cpu_s": req(nullable(number())),
+            })),
+        }),
+    ),
     "subscribe.thread": Method(
         "Follow a thread: a base (snapshot or replay), then its events. WebSocket only.",
         {

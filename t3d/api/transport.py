@@ -280,6 +280,7 @@ class _Connection:
         # max_header_bytes); replayed to trio-websocket on upgrade.
         self._head_bytes = bytearray()
         self._served = 0
+        self._peer = _peer_address(stream)
 
     async def serve(self) -> None:
         try:
@@ -301,7 +302,7 @@ class _Connection:
         if is_websocket_upgrade(request):
             await self._serve_websocket(request)
             return False
-        request = attrs.evolve(request, body=await self._receive_body(head))
+        request = attrs.evolve(request, body=await self._receive_body(head), peer=self._peer)
         response = await self._respond_unless_abandoned(request)
         if response is None:
             return False
@@ -448,6 +449,14 @@ class _Connection:
             await self._stream.send_eof()
             while await self._stream.receive_some(_RECEIVE_CHUNK):
                 pass
+
+
+def _peer_address(stream: trio.SocketStream) -> str:
+    """The peer's IP address, or "" if the socket no longer knows it."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return ""
 
 
 async def _call_app(app: App, request: HttpRequest) -> HttpResponse:

@@ -98,7 +98,8 @@ class SidecarSpawner:
         # its children must not inherit: it unsets the names listed in T3D_SPAWNER_UNSET.
         added = {"PYTHONPATH": str(Path(spawner_package.__file__).parent.parent), "MALLOC_ARENA_MAX": "2"}
         added = {name: value for name, value in added.items() if name not in os.environ}
-        env = {**os.environ, **added, "T3D_SPAWNER_UNSET": ",".join(added)}
+        unset = [*added, *(() if "T3D_LOG_FORMAT" in os.environ else ("T3D_LOG_FORMAT",))]
+        env = {**os.environ, **added, "T3D_LOG_FORMAT": self._settings.log_format, "T3D_SPAWNER_UNSET": ",".join(unset)}
         try:
             # The daemon's one process start: its own session, so a Ctrl-C to the terminal
             # reaches the daemon (which then stops it) and not the spawner directly.

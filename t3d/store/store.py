@@ -132,6 +132,11 @@ class Store:
     def on_commit(self, listener: Callable[[Committed], None]) -> None:
         self._listeners.append(listener)
 
+    def time_writes(self, listener: Callable[[list[float], float], None]) -> None:
+        """Call ``listener(job_seconds, transaction_seconds)`` on the loop after every writer
+        transaction: each job's time from submission to outcome, and the thread's time on it."""
+        self._writer.on_done = listener
+
     def _publish(self, committed: Committed) -> None:
         if committed.replayed:
             return

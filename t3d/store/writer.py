@@ -35,6 +35,9 @@ Rules:
   nothing is dropped. Any other job fails with the error (a client's command: the
   caller is told). With nothing held the writer probes instead (availability.probe).
   At close, held jobs get one last try; those that still cannot commit fail.
+- ``on_done`` (for /metrics), if set, is called on the loop once per transaction with
+  each of its jobs' seconds from submission to outcome and the seconds the thread spent
+  on the transaction.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ class WriterThread:
         self._carried: Any = None  # taken off the queue while draining a batch; it runs next
         # When each unfinished job was sent (loop side), oldest first.
         self._sent_at: dict[Job[Any], float] = {}
+        self.on_done: Callable[[list[float], float], None] | None = None
         # Loop side: why the database cannot take writes now (None: it can), and since when.
         self.unavailable: DatabaseUnavailableError | None = None
         self.unavailable_since = 0.0
@@ -287,7 +291,9 @@ class WriterThread:
         return None
 
     def _run_one(self, conn: apsw.Connection, job: Job[Any]) -> None:
+        started = time.perf_counter()
         job.result = result = outcome.capture(job.fn, conn)
+        took = time.perf_counter() - started
         if isinstance(result, outcome.Error):
             trouble = self._unavailable(conn, result.error)
             if trouble is not None:
@@ -295,7 +301,7 @@ class WriterThread:
                 self._in_trouble(trouble)
         elif self._trouble is not None:
             self._recovered()
-        self._finish([job])
+        self._finish([job], took)
 
     def _drain_batch(self, first: BatchableJob[Any]) -> tuple[list[BatchableJob[Any]], Any]:
         """``first`` and the batchable jobs already queued behind it, within the bounds;
@@ -316,6 +322,7 @@ class WriterThread:
         """Run ``batch`` as one transaction and finish its jobs; False (the jobs held, at
         the front, in order) if the database could not take it."""
         assert self._execute_batch is not None
+        started = time.perf_counter()
         try:
             results = self._execute_batch(conn, [job.item for job in batch])
         except Exception as exc:  # the transaction itself failed: so did every job in it
@@ -335,7 +342,7 @@ class WriterThread:
             job.result = result
         self.batches_done += 1
         self.largest_batch = max(self.largest_batch, len(batch))
-        self._finish(batch)
+        self._finish(batch, time.perf_counter() - started)
         return True
 
     def _retry_held(self, conn: apsw.Connection) -> None:
@@ -403,11 +410,15 @@ class WriterThread:
         self._trouble = None
         self._token.run_sync_soon(self._set_unavailable, None)
 
-    def _finish(self, jobs: Sequence[Job[Any]]) -> None:
+    def _finish(self, jobs: Sequence[Job[Any]], took: float | None = None) -> None:
+        """Hand finished jobs to the loop; ``took``: the thread's seconds on their transaction."""
         self.jobs_done += len(jobs)
-        self._token.run_sync_soon(self._complete, jobs)
+        self._token.run_sync_soon(self._complete, jobs, took)
 
-    def _complete(self, jobs: Sequence[Job[Any]]) -> None:
+    def _complete(self, jobs: Sequence[Job[Any]], took: float | None = None) -> None:
+        if self.on_done is not None and took is not None:
+            now = trio.current_time()
+            self.on_done([now - self._sent_at.get(job, now) for job in jobs], took)
         for job in jobs:
             if isinstance(job.result, outcome.Error) and isinstance(job.result.error, DatabaseUnavailableError):
                 self.unavailable_failures += 1

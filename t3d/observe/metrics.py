@@ -1,0 +1,394 @@
+"""`Observer`: the daemon's figures for ``GET /metrics``, the stall record and ``server.agents``.
+
+Theory of operation. Everything ``/metrics`` says is read at scrape time from what the
+daemon already holds in memory (the statistics `/api/health` is built from, and the
+histograms and counters kept here), so a scrape never touches the store and costs one
+pass over a few hundred numbers on the loop (``t3d_metrics_scrape_seconds`` says how
+long each took). What is counted as it happens is kept cheaply:
+
+- per committed event, by `CommitTally.on_commit` (t3d/observe/tally.py);
+- per loop-lag sample (every 10 ms), one histogram observation;
+- per writer transaction, its jobs' latencies and its own time (`Store.time_writes`);
+- per garbage collection, its pause (`GcPauses.on_pause`).
+
+The spawner's pools live in the sidecar, so their figures are fetched from it
+(`Spawner.describe`) every `SPAWNER_POLL_S` while someone scrapes (not at all once
+nobody has for `SPAWNER_IDLE_S`) and the scrape serves the last answer; the first scrape
+waits for one answer at most `SPAWNER_FIRST_WAIT_S`.
+
+The exposition is the Prometheus text format 0.0.4, written by ``prometheus_client``
+from this module's `collect` (a custom collector) and its process collector
+(``process_resident_memory_bytes``, ``process_cpu_seconds_total``, open fds...).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+import t3d
+from t3d.errors import SpawnerError
+from t3d.observe import agents as agent_procs
+from t3d.observe.histogram import Histogram, Histograms
+from t3d.observe.tally import CommitTally
+from t3d.pressure.core import LEVELS
+
+if TYPE_CHECKING:  # what it reads, by type only: nothing here imports the API or the sessions
+    from t3d.admission.service import Admission
+    from t3d.api.transport import TransportStats
+    from t3d.gc_tuning import GcPauses
+    from t3d.live.hub import Hub
+    from t3d.loop_monitor import LoopMonitor
+    from t3d.pressure.sampler import PressureSampler
+    from t3d.sessions import Sessions
+    from t3d.spawn.child import Spawner
+    from t3d.store.store import Store
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SPAWNER_POLL_S = 5.0
+SPAWNER_IDLE_S = 120.0
+SPAWNER_FIRST_WAIT_S = 1.0
+SPAWNER_ASK_S = 2.0
+
+LAG_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+WRITER_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_JOBS = (1, 2, 4, 8, 16, 32, 64)
+GC_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+SCRAPE_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+
+
+@attrs.define
+class Sources:
+    """What the observer reads; each is the daemon's own object (nothing is copied)."""
+
+    store: Store
+    monitor: LoopMonitor
+    admission: Admission
+    sessions: Sessions
+    hub: Hub
+    spawner: Spawner
+    pressure: PressureSampler
+    transport: TransportStats
+    gc_pauses: GcPauses
+    # What the open WebSocket connections hold (ApiApp.live_statistics); set once the app exists.
+    websockets: Callable[[], dict[str, int]] = lambda: {}
+    checkpoints: Callable[[], dict[str, Any]] = lambda: {}
+
+
+class SpawnerWatch:
+    """The spawner's last `describe` answer, refreshed while someone scrapes."""
+
+    def __init__(self, spawner: Spawner) -> None:
+        self._spawner = spawner
+        self.value: dict[str, Any] | None = None
+        self.at = 0.0  # trio.current_time() of the answer
+        self.problem: str | None = None
+        self._wanted_at = -SPAWNER_IDLE_S
+        self._wanted = trio.Event()
+        self._answered = trio.Event()
+
+    def want(self) -> None:
+        self._wanted_at = trio.current_time()
+        self._wanted.set()
+
+    async def first_answer(self) -> None:
+        """Wait (bounded) for an answer if there has never been one."""
+        self.want()
+        with trio.move_on_after(SPAWNER_FIRST_WAIT_S):
+            await self._answered.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wanted.wait()
+            while trio.current_time() - self._wanted_at < SPAWNER_IDLE_S:
+                await self._ask()
+                await trio.sleep(SPAWNER_POLL_S)
+            self._wanted = trio.Event()
+
+    async def _ask(self) -> None:
+        with trio.move_on_after(SPAWNER_ASK_S):
+            try:
+                self.value, self.at, self.problem = await self._spawner.describe(), trio.current_time(), None
+            except SpawnerError as exc:
+                self.problem = str(exc)
+        self._answered.set()
+
+
+class Observer:
+    def __init__(self, sources: Sources, tally: CommitTally) -> None:
+        self.sources = sources
+        self.tally = tally
+        self.started = time.monotonic()
+        self.loop_lag = Histogram(LAG_SECONDS)
+        self.writer_jobs = Histogram(WRITER_SECONDS)
+        self.writer_transactions = Histogram(WRITER_SECONDS)
+        self.batch_jobs = Histogram(BATCH_JOBS)
+        self.gc_pauses = Histograms(GC_SECONDS, max_series=3)
+        for generation in range(3):  # every series from the first scrape on
+            self.gc_pauses.series[(str(generation),)] = Histogram(GC_SECONDS)
+        self.scrapes = Histogram(SCRAPE_SECONDS)
+        self.spawner = SpawnerWatch(sources.spawner)
+        sources.monitor.on_sample(self._on_lag_sample)
+        sources.monitor.describe_stall = self.describe_stall
+        sources.store.time_writes(self._on_writes)
+        sources.gc_pauses.on_pause.append(self._on_gc)
+        self.registry = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self.registry)
+        self.registry.register(_Collect(self.collect))
+
+    # --- counted as it happens --------------------------------------------------------------
+
+    def _on_lag_sample(self, now: float) -> None:
+        self.loop_lag.observe(self.sources.monitor.samples[-1][1])
+
+    def _on_writes(self, job_seconds: list[float], transaction_seconds: float) -> None:
+        for seconds in job_seconds:
+            self.writer_jobs.observe(seconds)
+        self.writer_transactions.observe(transaction_seconds)
+        self.batch_jobs.observe(len(job_seconds))
+
+    def _on_gc(self, generation: int, seconds: float) -> None:
+        self.gc_pauses.observe((str(generation),), seconds)
+
+    # --- served ---------------------------------------------------------------------------
+
+    async def exposition(self) -> bytes:
+        """The ``/metrics`` body (Prometheus text format 0.0.4)."""
+        if self.spawner.value is None:
+            await self.spawner.first_answer()
+        else:
+            self.spawner.want()
+        started = time.perf_counter()
+        body = generate_latest(self.registry)
+        self.scrapes.observe(time.perf_counter() - started)
+        return body
+
+    def collect(self) -> Iterator[Any]:
+        s = self.sources
+        yield _gauge("t3d_info", "this daemon's version", [(("version",), (t3d.__version__,), 1)])
+        yield _gauge("t3d_uptime_seconds", "seconds since the daemon started", [((), (), time.monotonic() - self.started)])
+        yield from self._loop(s)
+        yield from self._store(s)
+        yield from self._turns(s)
+        yield from self._live(s)
+        yield from self._spawner(s)
+        yield from self._gc(s)
+        yield _histogram("t3d_metrics_scrape_seconds", "time to build the /metrics body (before this one)", [((), (), self.scrapes)])
+
+    def _loop(self, s: Sources) -> Iterator[Any]:
+        yield _histogram("t3d_loop_lag_seconds", "how late the event loop woke, per 10 ms sample (100 ms while idle)", [((), (), self.loop_lag)])
+        yield _counter("t3d_loop_stalls", "loop stalls at or over --loop-stall-threshold (each logged)", [((), (), s.monitor.stalls)])
+        admission = s.admission.statistics()
+        yield _gauge(
+            "t3d_admission_gate", "the admission gate's state (1 for the current one)",
+            [(("state",), (state,), int(admission["state"] == state)) for state in ("open", "saturated", "off")],
+        )  # fmt: skip
+        yield _counter("t3d_admission_closed_seconds", "seconds the gate has been saturated (closed to new turn starts)", [((), (), s.admission.gate.closed_seconds(trio.current_time()))])
+        yield _counter("t3d_admission_transitions", "times the gate opened or closed", [((), (), s.admission.gate.transitions)])
+        held: dict[str, int] = {"loop_saturated": 0, "max_active_turns": 0, "memory_pressure": 0}
+        for reason in s.admission.queue.held.values():
+            held[reason] = held.get(reason, 0) + 1
+        yield _gauge("t3d_turns_queued", "turns held back as queued by admission, by reason", [(("reason",), (r,), n) for r, n in held.items()])
+        pressure = s.pressure.statistics()
+        yield _gauge("t3d_memory_pressure", "the memory-pressure level (1 for the current one; none while nobody samples)", [(("level",), (level,), int(pressure["level"] == level)) for level in LEVELS])
+        yield _gauge("t3d_memory_pressure_sampling", "1 while the memory-pressure sampler runs", [((), (), int(bool(pressure["sampling"])))])
+
+    def _store(self, s: Sources) -> Iterator[Any]:
+        stats = s.store.statistics()
+        yield _gauge("t3d_writer_queue_jobs", "jobs sent to the database writer and not yet done", [((), (), stats.writer_queue)])
+        yield _gauge("t3d_writer_oldest_job_seconds", "how long the writer's oldest unfinished job has waited", [((), (), stats.writer_oldest_job_s)])
+        yield _counter("t3d_writer_jobs", "writer jobs done", [((), (), self.writer_jobs.count)])
+        yield _counter("t3d_writer_transactions", "writer transactions (a batch of provider updates is one)", [((), (), self.writer_transactions.count)])
+        yield _histogram("t3d_writer_job_seconds", "commit latency: a job's time from submission to its outcome on the loop", [((), (), self.writer_jobs)])
+        yield _histogram("t3d_writer_transaction_seconds", "the writer thread's time per transaction", [((), (), self.writer_transactions)])
+        yield _histogram("t3d_writer_batch_jobs", "jobs per writer transaction", [((), (), self.batch_jobs)])
+        yield _gauge("t3d_readers_busy", "SQLite reader threads busy", [((), (), stats.readers_busy)])
+        yield _gauge(
+            "t3d_reads_waiting", "reads waiting for a reader, by class",
+            [(("class",), ("small",), stats.reads_waiting_small), (("class",), ("page",), stats.reads_waiting_page),
+             (("class",), ("history",), stats.reads_waiting_history)],
+        )  # fmt: skip
+        tally = self.tally
+        yield _counter("t3d_events_committed", "events committed, by kind", [(("kind",), (k,), n) for k, n in sorted(tally.events.items())])
+
+    def _turns(self, s: Sources) -> Iterator[Any]:
+        tally = self.tally
+        yield _counter("t3d_turns_started", "turns that reached their provider, by provider", [(("provider",), (p,), n) for p, n in sorted(tally.turns_started.items())])
+        yield _counter(
+            "t3d_turns_finished", "turns that ended, by provider and outcome",
+            [(("provider", "outcome"), key, n) for key, n in sorted(tally.turns_finished.items())],
+        )  # fmt: skip
+        yield _histogram(
+            "t3d_turn_duration_seconds", "finished turns' time from start to end, by provider and outcome",
+            [(("provider", "outcome"), key, h) for key, h in sorted(tally.turn_seconds.series.items())],
+        )  # fmt: skip
+        yield _gauge("t3d_turns_active", "turns starting, running or waiting on a request", [(("status",), (k,), n) for k, n in tally.active_by_status().items()])
+        yield _gauge("t3d_sessions", "live provider sessions (one per thread with an agent or one starting)", [((), (), s.sessions.count)])
+        agents: dict[str, int] = {"starting": 0, "running": 0, "waiting": 0, "idle": 0}
+        for agent in s.sessions.agents():
+            turn = tally.active.get(agent.thread_id)
+            status = "idle" if turn is None else turn.status
+            agents[status] = agents.get(status, 0) + 1
+        yield _gauge("t3d_agents", "provider processes alive, by what their thread's turn is doing", [(("status",), (k,), n) for k, n in agents.items()])
+
+    def _live(self, s: Sources) -> Iterator[Any]:
+        hub = s.hub.statistics()
+        yield _gauge("t3d_live_subscriptions", "live subscriptions, by topic", [(("topic",), ("thread",), hub.thread_subscriptions), (("topic",), ("shell",), hub.shell_subscriptions)])
+        yield _gauge("t3d_live_buffered_frames", "frames buffered for subscribers", [((), (), hub.buffered_frames)])
+        yield _gauge("t3d_live_buffered_bytes", "bytes buffered for subscribers", [((), (), hub.buffered_bytes)])
+        yield _counter("t3d_live_resyncs", "subscriptions resynced (their buffer overflowed or their connection's budget was full)", [((), (), hub.resyncs)])
+        yield _counter("t3d_live_events_published", "committed events the hub fanned out", [((), (), hub.published)])
+        ws = s.websockets()
+        yield _gauge("t3d_websocket_connections", "open WebSocket connections", [((), (), ws.get("websockets", 0))])
+        yield _gauge("t3d_websocket_held_bytes", "bytes WebSocket connections hold until sent (bases, replies)", [((), (), ws.get("held_bytes", 0))])
+        yield _gauge("t3d_websocket_budget_bytes", "what the open connections' budgets allow in all", [((), (), ws.get("budget_bytes", 0))])
+        transport = s.transport.statistics()
+        yield _gauge("t3d_http_connections", "open TCP connections (HTTP and WebSocket)", [((), (), transport.open_connections)])
+        yield _counter("t3d_http_connections_accepted", "connections accepted", [((), (), transport.accepted_total)])
+        yield _counter("t3d_http_connections_refused", "connections turned away at the connection limit", [((), (), transport.refused_total)])
+
+    def _spawner(self, s: Sources) -> Iterator[Any]:
+        stats = s.spawner.statistics()
+        yield _gauge("t3d_spawner_info", "how processes are started (mode sidecar or direct)", [(("mode",), (stats.mode,), 1)])
+        yield _gauge("t3d_spawner_connected", "1 while the spawner sidecar is connected (always 0 in direct mode)", [((), (), int(stats.connected))])
+        yield _counter("t3d_spawner_restarts", "times the spawner sidecar was restarted", [((), (), stats.restarts)])
+        detail = self.spawner.value or {}
+        pools = detail.get("pools") or {}
+        age = trio.current_time() - self.spawner.at if self.spawner.value is not None else float("nan")
+        yield _gauge("t3d_spawner_stats_age_seconds", "age of the pool figures below (the spawner is asked every 5 s while scraped)", [((), (), age)])
+        for name, field, help_text in (
+            ("t3d_spawner_pool_slots", "size", "slots of each process pool"),
+            ("t3d_spawner_pool_busy", "busy", "commands running in each pool (pool git: git processes running)"),
+            ("t3d_spawner_pool_queued", "queued", "commands waiting for a slot, per pool"),
+        ):
+            yield _gauge(name, help_text, [(("pool",), (pool,), p.get(field, 0)) for pool, p in sorted(pools.items())])
+        yield _counter(
+            "t3d_spawner_pool_commands", "commands the spawner ran to completion, per pool (since the spawner started)",
+            [(("pool",), (pool,), p["completed"]) for pool, p in sorted(pools.items()) if "completed" in p],
+        )  # fmt: skip
+        waits: list[Sample] = []
+        for pool, p in sorted(pools.items()):
+            wait = p.get("wait_ms") or {}
+            for stat in ("p50", "p99", "max"):
+                if stat in wait:
+                    waits.append((("pool", "stat"), (pool, stat), wait[stat] / 1000))
+        yield _gauge("t3d_spawner_pool_wait_seconds", "waits for a pool slot: p50 and p99 of each pool's last 1,024 commands, and the longest ever (stat max)", waits)
+        if "children" in detail:
+            yield _gauge("t3d_spawner_children", "long-lived children of the spawner (agents)", [((), (), detail["children"])])
+        if "rss_kib" in detail:
+            yield _gauge("t3d_spawner_resident_memory_bytes", "the spawner sidecar's RSS", [((), (), detail["rss_kib"] * 1024)])
+        checkpoints = s.checkpoints()
+        if checkpoints:
+            yield _counter("t3d_git_commands", "git commands the daemon ran (checkpoints, worktrees, diffs)", [((), (), checkpoints.get("git_processes", 0))])
+            yield _counter("t3d_checkpoints_captured", "checkpoints captured", [((), (), checkpoints.get("captured", 0))])
+            yield _counter("t3d_checkpoints_failed", "checkpoint captures that failed", [((), (), checkpoints.get("failed", 0))])
+            yield _gauge("t3d_checkpoints_pending", "checkpoint captures waiting or running", [((), (), checkpoints.get("pending", 0))])
+
+    def _gc(self, s: Sources) -> Iterator[Any]:
+        pauses = s.gc_pauses
+        by_gen = (("generation",),)
+        yield _counter("t3d_gc_collections", "garbage collections, by generation", [(*by_gen, (str(g),), pauses.count[g]) for g in range(3)])
+        yield _histogram("t3d_gc_pause_seconds", "garbage-collection pauses (the loop and every thread wait), by generation", [(*by_gen, key, h) for key, h in sorted(self.gc_pauses.series.items())])
+        yield _gauge("t3d_gc_pause_max_seconds", "the longest pause so far, by generation", [(*by_gen, (str(g),), pauses.max_s[g]) for g in range(3)])
+        yield _gauge("t3d_gc_pending_allocations", "gc.get_count(): allocations (gen 0) or younger collections (1, 2) since the generation's last collection", [(*by_gen, (str(g),), n) for g, n in enumerate(gc.get_count())])
+        yield _gauge("t3d_gc_frozen_objects", "objects frozen at start-up (never scanned)", [((), (), gc.get_freeze_count())])
+
+    # --- the stall record -------------------------------------------------------------------
+
+    def describe_stall(self) -> tuple[str, dict[str, Any]]:
+        """RSS, GC state and the writer queue right after a stall: (text, fields)."""
+        rss = agent_procs.own_rss_bytes()
+        pauses = self.sources.gc_pauses
+        last = pauses.last
+        gc_fields: dict[str, Any] = {"collections": list(pauses.count), "pending_allocations": list(gc.get_count())}
+        gc_text = "GC collections " + "/".join(map(str, pauses.count))
+        if last is not None:
+            generation, took, ended = last
+            ago = max(0.0, time.monotonic() - ended)
+            gc_fields.update(last_generation=generation, last_pause_ms=round(took * 1000, 1), last_ended_s_ago=round(ago, 3))
+            gc_text += f", last gen {generation} paused {took * 1000:.0f} ms, {ago:.2f} s ago"
+        stats = self.sources.store.statistics()
+        writer = {"queue": stats.writer_queue, "oldest_job_s": round(stats.writer_oldest_job_s, 3)}
+        fields = {
+            "rss_bytes": rss, "gc": gc_fields, "writer": writer,
+            "allocated_blocks": sys.getallocatedblocks(), "threads": threading.active_count(),
+        }  # fmt: skip
+        rss_text = "RSS unknown" if rss is None else f"RSS {rss / 2**20:.0f} MiB"
+        text = f"; {rss_text}; {gc_text}; writer queue {writer['queue']} (oldest job {writer['oldest_job_s']:.2f} s)"
+        return text, fields
+
+    # --- server.agents ---------------------------------------------------------------------
+
+    async def agents(self) -> dict[str, Any]:
+        """Every live agent with its thread's turn and its process group's RSS and CPU, and
+        the daemon's own (read from /proc in a worker thread)."""
+        live = self.sources.sessions.agents()
+        usage = await trio.to_thread.run_sync(agent_procs.read_groups, [a.pid for a in live])
+        own = await trio.to_thread.run_sync(agent_procs.read_process, os.getpid())
+        now = time.time()
+        rows = []
+        for agent in live:
+            row = {"thread_id": agent.thread_id, "pid": agent.pid, "scope": agent.scope, **self.tally.describe_thread(agent.thread_id)}
+            started = row["turn_started_at"]
+            row["turn_s"] = None if started is None else round(max(0.0, now - started), 3)
+            group = usage.get(agent.pid)
+            row.update(
+                processes=0 if group is None else group.processes,
+                rss_bytes=None if group is None else group.rss_bytes,
+                cpu_s=None if group is None else round(group.cpu_s, 3),
+            )  # fmt: skip
+            rows.append(row)
+        rows.sort(key=lambda r: (r["status"] == "idle", r["thread_id"]))
+        return {
+            "at": now,
+            "agents": rows,
+            "daemon": {
+                "pid": os.getpid(),
+                "rss_bytes": None if own is None else own.rss_bytes,
+                "cpu_s": None if own is None else round(own.cpu_s, 3),
+            },
+        }
+
+
+class _Collect(Collector):
+    def __init__(self, collect: Callable[[], Iterator[Any]]) -> None:
+        self._collect = collect
+
+    def collect(self) -> Iterator[Any]:
+        return self._collect()
+
+
+Sample = tuple[tuple[str, ...], tuple[str, ...], float]
+
+
+def _gauge(name: str, help_text: str, samples: Sequence[Sample]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_text, labels=samples[0][0] if samples else ())
+    for _, values, value in samples:
+        family.add_metric(list(values), value)
+    return family
+
+
+def _counter(name: str, help_text: str, samples: Sequence[Sample]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_text, labels=samples[0][0] if samples else ())
+    for _, values, value in samples:
+        family.add_metric(list(values), value)
+    return family
+
+
+def _histogram(name: str, help_text: str, series: list[tuple[tuple[str, ...], tuple[str, ...], Histogram]]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, help_text, labels=series[0][0] if series else ())
+    for _, values, histogram in series:
+        family.add_metric(list(values), histogram.cumulative(), histogram.sum)
+    return family
