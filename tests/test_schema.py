@@ -129,6 +129,8 @@ async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: 
             await call("item.detail", item_id=item, path=["text"])
             await call("requests.pending", thread_id=thread)
             await call("requests.wait", thread_id=thread, timeout=0)
+            agents = await call("server.agents")  # its idle agent, sized from /proc
+            assert [(a["thread_id"], a["status"]) for a in agents["agents"]] == [(thread, "idle")]
             await call("checkpoint.diff", thread_id=thread, from_ordinal=0, to_ordinal=1)
             await call("checkpoint.revert", thread_id=thread, ordinal=0)
             await call("thread.force_stop", thread_id=thread)  # its idle agent

@@ -22,12 +22,12 @@ from typing import Any
 import trio
 
 from t3d.config import load_settings
-from t3d.ctl import admin, db, requests, service, turn
+from t3d.ctl import admin, db, requests, service, top, turn
 from t3d.ctl.client import EXIT_OK, EXIT_SIGINT, EXIT_USAGE, CtlError, Endpoint, unwrap_group
 from t3d.ctl.terminal import err
 from t3d.errors import ConfigError
 
-COMMAND_MODULES = (admin, turn, requests, service, db)
+COMMAND_MODULES = (admin, turn, requests, service, db, top)
 
 EXIT_CODES_HELP = (
     "exit status: 0 success; 1 the turn failed, was interrupted or cancelled, the daemon "
