@@ -15,6 +15,8 @@ sets variables for every configuration. ``--pin`` pins the daemon
 ``--slow-clients 0,10`` compares in the same way, A with no never-reading client and B
 with 10 (see bench/slow.py). ``--pollers http,mcp`` too: A's approval pollers poll over HTTP
 every poll_s, B's long-poll MCP's wait_for_request (``--pollers mcp``: every run so).
+``--scrape-interval 0,1`` too: A with no scraper, B with a Prometheus-like client scraping
+``GET /metrics`` every second (bench/scraper.py); the daemon CPU of each is the cost.
 ``--restart-every 60 --restart-signal TERM|KILL`` restarts the
 daemon on the same state dir every 60 s of the window and reports what the restarts cost
 (see bench/restart.py):
@@ -146,28 +148,51 @@ def pollers_of(args: argparse.Namespace) -> dict[str, str]:
     return {"A": kinds[0], "B": kinds[-1]}
 
 
+def scrape_intervals_of(args: argparse.Namespace) -> dict[str, float]:
+    """Seconds between scrapes of GET /metrics per configuration (0: no scraper):
+    ``--scrape-interval S`` for every configuration; ``S1,S2``: A with S1, B with S2."""
+    text = getattr(args, "scrape_interval", None)
+    if text is None:
+        return {}
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--scrape-interval takes seconds, or two comma-separated, not {text!r}") from None
+    if not 1 <= len(values) <= 2 or any(v != 0 and not 0.1 <= v <= 60 for v in values):
+        raise SystemExit("--scrape-interval takes one or two intervals of 0 (no scraper) or 0.1-60 s, such as 1 or 0,1")
+    others = [getattr(args, name, None) or "" for name in ("slow_clients", "pollers")]
+    if len(values) == 2 and (args.compare or any("," in other for other in others)):
+        raise SystemExit("--scrape-interval S1,S2 compares two intervals as configurations A and B; drop --compare (and the other A/B lists), or give one interval")
+    return {"A": values[0], "B": values[-1]}
+
+
 def configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """Each configuration's environment for the daemon (``--env`` under every one)."""
     base = parse_compare(args.env) if getattr(args, "env", None) else {}
     if args.compare:
         return {"A": base, "B": {**base, **parse_compare(args.compare)}}
-    two = "," in (getattr(args, "slow_clients", None) or "") or "," in (getattr(args, "pollers", None) or "")
+    two = any("," in (getattr(args, name, None) or "") for name in ("slow_clients", "pollers", "scrape_interval"))
     return {"A": base, "B": dict(base)} if two else {"A": base}
 
 
 def described_configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """What the report shows for each configuration: its environment, its slow clients and
-    its pollers."""
-    slow, pollers = slow_clients_of(args), pollers_of(args)
+    """What the report shows for each configuration: its environment, its slow clients, its
+    pollers and its scraper."""
+    slow, pollers, scrape = slow_clients_of(args), pollers_of(args), scrape_intervals_of(args)
     return {
-        name: {**env, **({"--slow-clients": str(slow[name])} if slow else {}), **({"--pollers": pollers[name]} if getattr(args, "pollers", None) else {})}
+        name: {
+            **env,
+            **({"--slow-clients": str(slow[name])} if slow else {}),
+            **({"--pollers": pollers[name]} if getattr(args, "pollers", None) else {}),
+            **({"--scrape-interval": f"{scrape[name]:g}"} if scrape else {}),
+        }
         for name, env in configurations(args).items()
     }
 
 
 def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[RunSpec]:
     configs = configurations(args)
-    slow, pollers = slow_clients_of(args), pollers_of(args)
+    slow, pollers, scrape = slow_clients_of(args), pollers_of(args), scrape_intervals_of(args)
     daemon_cpus, driver_cpus = pin_sets(args.pin)
     specs = []
     for n in parse_sessions(args.sessions) if args.sessions else [profile.sessions]:
@@ -181,6 +206,7 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
                     slow.get(name), args.restart_every, args.restart_signal, pollers[name], provider,
+                    scrape.get(name) or None,
                 ))  # fmt: skip
     return specs
 
@@ -330,6 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the approval pollers: http (GET /api/requests/pending and the shell every poll "
         "period, the default), mcp (a long-poll on /mcp's wait_for_request), or http,mcp: "
         "configuration A with http, B with mcp, interleaved",
+    )
+    run.add_argument(
+        "--scrape-interval",
+        help="S: a Prometheus-like client scrapes GET /metrics every S seconds, recording its "
+        "round trips (bench/scraper.py); S1,S2: configuration A with S1, B with S2 (0: no "
+        "scraper), interleaved, e.g. 0,1 for the cost of a scrape a second",
     )
     writes_cmd = sub.add_parser("writes", help="provider write batching on vs off, on the real store (bench/writes.py)")
     writes_cmd.add_argument("--reps", type=int, default=5, help="repetitions per configuration (default 5)")

@@ -46,6 +46,7 @@ STEADY_EXTRAS = (
     "event_delay_max_ms", "probe_events_missed",
     "approval_seen_p50_ms", "approval_seen_p95_ms", "approval_answered_p50_ms", "approval_answered_p95_ms",
     "approvals_measured", "poller_calls",
+    "scrapes", "scrape_failures", "scrape_p50_ms", "scrape_p99_ms", "scrape_max_ms", "scrape_kib",
 )  # fmt: skip
 # With --restart-every (bench/restart.py); None otherwise.
 RESTART_FIGURES = (
@@ -73,6 +74,8 @@ class Inputs:
     # Seconds the admission gate had been closed, at window start and end (/api/health).
     saturated_span: tuple[float, float] | None = None
     daemon_children: int | None = None  # processes the daemon started itself (not the spawner)
+    # GET /metrics samples (bench/scraper.py): [monotonic start, round trip ms or None, bytes].
+    scrapes: Sequence[Sequence[Any]] | None = None
 
 
 def turns_of(load: dict[str, Any]) -> list[dict[str, Any]]:
@@ -230,8 +233,26 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
         percentile(snap["snapshot_ms"], 50),
     )
     _switches_and_slow_clients(i.load, fig, missing)
+    _scrapes(i.scrapes, start, end, fig, missing)
     _driver(i.load, fig)
     return fig, missing
+
+
+def _scrapes(scrapes: Sequence[Sequence[Any]] | None, start: float, end: float, fig: dict[str, Any], missing: dict[str, str]) -> None:
+    """The scraper's GET /metrics round trips in the window (``--scrape-interval``)."""
+    names = ("scrapes", "scrape_failures", "scrape_p50_ms", "scrape_p99_ms", "scrape_max_ms", "scrape_kib")
+    if scrapes is None:
+        for name in names:
+            fig[name] = None
+            missing[name] = "not measured: run with --scrape-interval S (S1,S2 to compare)"
+        return
+    window = [s for s in scrapes if _in(s[0], start, end)]
+    latency = [s[1] for s in window if s[1] is not None]
+    fig["scrapes"], fig["scrape_failures"] = len(window), sum(1 for s in window if s[1] is None)
+    fig["scrape_p50_ms"], fig["scrape_p99_ms"] = percentile(latency, 50), percentile(latency, 99)
+    fig["scrape_max_ms"] = maximum(latency)
+    sizes = [s[2] for s in window if s[1] is not None]
+    fig["scrape_kib"] = sizes[-1] / 1024 if sizes else None
 
 
 def _approvals(polls: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:

@@ -85,6 +85,12 @@ LABELS = {
     "approval_answered_p95_ms": "approval: request opened to its answer committed p95 (ms)",
     "approvals_measured": "approvals measured (requests opened in the window)",
     "poller_calls": "calls the approval pollers made in the window",
+    "scrapes": "GET /metrics scrapes in the window",
+    "scrape_failures": "scrapes that failed",
+    "scrape_p50_ms": "GET /metrics round trip p50 (ms)",
+    "scrape_p99_ms": "GET /metrics round trip p99 (ms)",
+    "scrape_max_ms": "GET /metrics round trip max (ms)",
+    "scrape_kib": "GET /metrics body (KiB)",
 }
 
 

@@ -62,6 +62,11 @@ class RunSpec:
     restart_signal: str = "TERM"  # TERM or KILL
     pollers: str = "http"  # the approval pollers: "http" polling, or "mcp" long-polls
     provider: str = "claude"  # the sessions' agents: claude, codex or mix (bench.profiles)
+    scrape_interval: float | None = None  # seconds between GET /metrics (bench/scraper.py); None: no scraper
+
+    @property
+    def scrapes_path(self) -> Path:
+        return self.out / f"{self.label}.scrapes.json"
 
 
 @attrs.define
@@ -209,6 +214,7 @@ async def _drive(
             stderr=load_log,
         )
     prober: trio.Process | None = None
+    scraper: trio.Process | None = None
     client = HttpClient(daemon.port, daemon.token)
     try:
         async with trio.open_nursery() as nursery:
@@ -230,6 +236,14 @@ async def _drive(
                     ]
                 )
                 sampler.driver_pids.append(prober.pid)
+                if spec.scrape_interval:  # a Prometheus-like scraper of GET /metrics
+                    scrape_config = spec.out / f"{spec.label}.scrape-config.json"
+                    scrape_config.write_bytes(orjson.dumps({
+                        "port": daemon.port, "token": daemon.token, "interval": spec.scrape_interval,
+                        "until": end, "out": str(spec.scrapes_path),
+                    }))  # fmt: skip
+                    scraper = await trio.lowlevel.open_process([*pin, sys.executable, "-m", "bench.scraper", str(scrape_config)])
+                    sampler.driver_pids.append(scraper.pid)
                 if spec.restart_every_s is not None:
                     nursery.start_soon(
                         r.run_restarts, daemon, sampler, spec.restart_every_s, spec.restart_signal, start, end, restarts
@@ -242,8 +256,9 @@ async def _drive(
                 trio_deadline(end + (BURST_TIMEOUT_S if spec.profile.burst else 0) + FINISH_GRACE_S)
             ):
                 await load.wait()
-                if prober is not None:
-                    await prober.wait()
+                for process in (prober, scraper):
+                    if process is not None:
+                        await process.wait()
             nursery.cancel_scope.cancel()
     except d.DaemonFailed as exc:
         errors.append(str(exc))
@@ -254,7 +269,7 @@ async def _drive(
     finally:
         with trio.CancelScope(shield=True):
             await client.aclose()
-        for name, process in (("the load process", load), ("the prober", prober)):
+        for name, process in (("the load process", load), ("the prober", prober), ("the scraper", scraper)):
             if process is not None and process.returncode is None:
                 errors.append(f"{name} did not finish in time and was stopped")
                 await _stop_process(process)
@@ -308,9 +323,8 @@ def _result(
     span: list[int | None], gate: list[float | None], t0: float, errors: list[str],
     notes: list[str],
 ) -> RunResult:  # fmt: skip
-    (spec.out / f"{spec.label}.load-config.json").unlink(
-        missing_ok=True
-    )  # it holds the daemon's token
+    for held in ("load-config", "scrape-config"):  # they hold the daemon's token
+        (spec.out / f"{spec.label}.{held}.json").unlink(missing_ok=True)
     load = orjson.loads(load_out.read_bytes()) if load_out.exists() else None
     probes = orjson.loads(probe_out.read_bytes()) if probe_out.exists() else []
     if load is None:
@@ -333,6 +347,7 @@ def _result(
         sampler.spawner_seen if sampler else False,
         (gate[0], gate[1]) if gate[0] is not None and gate[1] is not None else None,
         len(sampler.daemon_children_seen) if sampler else None,
+        orjson.loads(spec.scrapes_path.read_bytes()) if spec.scrapes_path.exists() else None,
     )  # fmt: skip
     fig, missing = (figures.burst_figures if spec.profile.burst else figures.steady_figures)(inputs)
     fig["harness_errors"] = errors

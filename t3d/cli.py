@@ -28,8 +28,8 @@ from t3d.config import Settings, environment_help, load_settings
 from t3d.errors import ConfigError, ServiceError, T3dError
 from t3d.gc_tuning import tune_gc
 from t3d.malloc_tuning import tune_malloc
-from t3d.service.notify import NotifyTarget, notify_target
 from t3d.observe.logs import configure_logging
+from t3d.service.notify import NotifyTarget, notify_target
 from t3d.startup_checks import check_settings
 
 # What systemd gives the daemon for notifications; not passed on to the processes it starts.

@@ -7,9 +7,11 @@ import os
 import sys
 
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from t3d.api.app import _loopback
 from t3d.domain.model import ProviderSession, Thread, Turn
+from t3d.observe import exposition as x
 from t3d.observe.agents import CLOCK_TICKS, parse_stat_cpu_s, read_groups, read_process
 from t3d.observe.histogram import OTHER, Histogram, Histograms
 from t3d.observe.logs import JsonFormatter
@@ -123,3 +125,25 @@ def test_loopback_peers() -> None:
     """127.0.0.0/8, ::1 and IPv4-mapped loopback are loopback; anything else (or nothing) is not."""
     assert _loopback("127.0.0.1") and _loopback("127.1.2.3") and _loopback("::1") and _loopback("::ffff:127.0.0.1")
     assert not _loopback("10.0.0.1") and not _loopback("") and not _loopback("::ffff:10.0.0.1")
+
+
+def test_the_hand_written_exposition_reads_back_through_prometheus_clients_parser() -> None:
+    """Label values with a quote, a backslash and a newline, HELP text with a newline,
+    NaN and infinities, integers and floats, and a histogram all come back exactly."""
+    h = Histogram((0.5,))
+    h.observe(0.25)
+    h.observe(2.0)
+    body = x.render([
+        x.gauge("g", "two\nlines \\ here").sample(float("nan"), (("a", 'q"b\\n\nl'),)).sample(float("inf"), (("a", "x"),)),
+        x.counter("c_total", "a counter", 7),
+        x.histogram("h_seconds", "a histogram", h, (("k", "v"),)),
+    ]).decode()
+    assert body.splitlines()[:3] == ["# HELP g two\\nlines \\\\ here", "# TYPE g gauge", 'g{a="q\\"b\\\\n\\nl"} NaN']
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    gauge = families["g"]
+    assert gauge.documentation == "two\nlines \\ here"
+    assert [s.labels["a"] for s in gauge.samples] == ['q"b\\n\nl', "x"] and gauge.samples[1].value == float("inf")
+    assert [(s.name, s.value) for s in families["c"].samples] == [("c_total", 7)]
+    assert [(s.name, s.labels.get("le"), s.value) for s in families["h_seconds"].samples] == [
+        ("h_seconds_bucket", "0.5", 1), ("h_seconds_bucket", "+Inf", 2), ("h_seconds_sum", None, 2.25), ("h_seconds_count", None, 2),
+    ]

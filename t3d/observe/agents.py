@@ -12,6 +12,7 @@ loop. A process that vanished while being read is left out. Bounded: at most
 from __future__ import annotations
 
 import os
+import resource
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -73,3 +74,46 @@ def own_rss_bytes() -> int | None:
             return int(f.read().split()[1]) * PAGE_BYTES
     except (OSError, ValueError, IndexError):
         return None
+
+
+@attrs.frozen
+class OwnProcess:
+    """The daemon's own figures for the ``process_*`` metrics."""
+
+    rss_bytes: int
+    virtual_bytes: int
+    cpu_s: float  # user + system, this process only
+    start_ticks: int  # clock ticks after boot
+    open_fds: int
+    max_fds: int
+
+
+def boot_time(proc: Path = PROC) -> float | None:
+    """When the machine booted (seconds since the epoch), from /proc/stat's btime."""
+    try:
+        with open(proc / "stat") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def own_process() -> OwnProcess | None:
+    """/proc/self/stat (one read) and the size of /proc/self/fd; None if /proc cannot say."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+        fields = text[text.rindex(")") + 2 :].split()
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except (OSError, ValueError, IndexError):
+        return None
+    return OwnProcess(
+        rss_bytes=int(fields[21]) * PAGE_BYTES,
+        virtual_bytes=int(fields[20]),
+        cpu_s=(int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
+        start_ticks=int(fields[19]),
+        open_fds=open_fds,
+        max_fds=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+    )
