@@ -232,6 +232,10 @@ class Observer:
         yield x.histogram("t3d_writer_job_seconds", "commit latency: a job's time from submission to its outcome on the loop", self.writer_jobs)
         yield x.histogram("t3d_writer_transaction_seconds", "the writer thread's time per transaction", self.writer_transactions)
         yield x.histogram("t3d_writer_batch_jobs", "jobs per writer transaction", self.batch_jobs)
+        yield x.gauge("t3d_database_unavailable", "1 while the database cannot take writes (a full disk, another process's lock)", int(stats.unavailable is not None))
+        yield x.gauge("t3d_database_unavailable_seconds", "how long the database has been unable to take writes (0 when it can)", stats.unavailable_s)
+        yield x.gauge("t3d_writes_held", "provider updates held until the database takes writes again", stats.writes_held)
+        yield x.counter("t3d_writes_failed_unavailable_total", "writes failed because the database could not take them", stats.writes_failed_unavailable)
         yield x.gauge("t3d_readers_busy", "SQLite reader threads busy", stats.readers_busy)
         waiting = x.gauge("t3d_reads_waiting", "reads waiting for a reader thread, by class")
         for name, count in (("small", stats.reads_waiting_small), ("page", stats.reads_waiting_page), ("history", stats.reads_waiting_history)):
