@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_service_arguments(service)
     _name_each_parser(parser)
+    parser.set_defaults(root_parser=parser)  # `t3d ctl completion` walks the whole tree
     return parser
 
 

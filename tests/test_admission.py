@@ -17,7 +17,7 @@ from harness import http, new_thread, open_client, run_turn, start_daemon, wait_
 
 from t3d.admission.core import SATURATED_STARTS
 from t3d.admission.service import Admission
-from t3d.ctl.render import format_threads_table
+from t3d.ctl.listing import format_threads
 from t3d.domain import commands as c
 from t3d.domain.events import Effect, StartProviderTurn
 from t3d.loop_monitor import LoopMonitor
@@ -161,7 +161,7 @@ async def test_a_held_turn_is_queued_with_its_reason_in_snapshots_and_ctl_thread
             assert snapshot["turns"][-1]["queue_reason"] == "max_active_turns"
             assert (snapshot["thread"]["status"], snapshot["thread"]["queue_reason"]) == ("queued", "max_active_turns")
             _, shell = await http(daemon, "GET", "/api/shell")
-            table = format_threads_table(shell["threads"])
+            table = format_threads(shell["threads"], {}, {}, 0.0)
             assert "queued (max_active_turns)" in table
             _, health = await http(daemon, "GET", "/api/health", token=False)
             assert health["admission"]["held_turns"] == 1 and health["admission"]["active_turns"] == 1

@@ -152,7 +152,7 @@ async def test_help_names_the_commands_and_flags() -> None:
             "--claude-bin",
             "T3D_STATE_DIR",
         ],
-        ("ctl",): ["status", "threads", "run", "shutdown", "--state-dir", "--port", "--json", "exit status:"],
+        ("ctl",): ["status", "threads", "run", "attach", "log", "new", "diff", "completion", "shutdown", "--state-dir", "--port", "--json", "exit status:"],
         ("service",): ["install", "uninstall", "status", "logs"],
         ("service", "install"): ["--state-dir", "--env-file", "--dry-run"],
         ("ctl", "run"): ["--provider", "--project", "--thread", "--approve", "--json"],
@@ -269,7 +269,7 @@ async def test_the_replay_demo_runs_in_a_scratch_project_and_says_it_plays_a_rec
 
 async def test_ctl_status_and_threads(daemon: Served, tmp_path: Path) -> None:
     """`t3d ctl status` reports the daemon's version, URL and health; `t3d ctl threads` lists
-    the threads in a table; both have a `--json` form."""
+    the threads in a table (by their short ids); both have a `--json` form."""
     with trio.fail_after(20):
         created = []
         for method, params in (
@@ -302,15 +302,8 @@ async def test_ctl_status_and_threads(daemon: Served, tmp_path: Path) -> None:
     assert f"t3d 0.1.0 at http://127.0.0.1:{daemon.port}: ok" in results["status"].out
     report = orjson.loads(results["status --json"].out)
     assert report["health"]["status"] == "ok" and report["threads"] >= 1 and report["projects"] >= 1
-    assert results["threads"].out.split()[:6] == [
-        "ID",
-        "PROVIDER",
-        "STATUS",
-        "TURNS",
-        "ITEMS",
-        "TITLE",
-    ]
-    assert thread_id in results["threads"].out and "listed by ctl" in results["threads"].out
+    assert results["threads"].out.split()[:9] == ["ID", "PROJECT", "PROVIDER", "STATUS", "FOR", "LAST", "TURN", "TURNS", "TITLE"]
+    assert thread_id[:8] in results["threads"].out and "listed by ctl" in results["threads"].out
     rows = orjson.loads(results["threads --json"].out)
     assert thread_id in [row["id"] for row in rows]
 

@@ -15,7 +15,6 @@ from t3d.ctl.render import (
     count_threads,
     format_duration,
     format_status,
-    format_threads_table,
     result_line,
     summarize_input,
     tool_line,
@@ -408,36 +407,6 @@ def test_status_counts_live_threads_and_archived_ones_apart() -> None:
         "          the event loop is saturated; new turns are held back",
         "admission saturated: 3 turn(s) held",
     ]
-
-
-def test_threads_table_aligns_columns_oldest_first() -> None:
-    threads = [
-        {
-            "id": "t-2",
-            "provider": "replay",
-            "status": "running",
-            "turn_count": 12,
-            "item_count": 340,
-            "title": "second",
-            "created_at": 2.0,
-        },
-        {
-            "id": "t-1",
-            "provider": "claude",
-            "status": "idle",
-            "turn_count": 1,
-            "item_count": 3,
-            "title": "first\nline",
-            "created_at": 1.0,
-            "archived_at": 9.0,
-        },
-    ]
-    lines = format_threads_table(threads).splitlines()
-    assert lines[0].split() == ["ID", "PROVIDER", "STATUS", "TURNS", "ITEMS", "TITLE"]
-    assert lines[1].split() == ["t-1", "claude", "archived", "1", "3", "first", "line"]
-    assert lines[2].split() == ["t-2", "replay", "running", "12", "340", "second"]
-    assert lines[1].index("first") == lines[2].index("second") == lines[0].index("TITLE")
-    assert "no threads" in format_threads_table([])
 
 
 def test_a_replay_says_once_that_it_plays_a_recording_and_labels_what_it_plays() -> None:

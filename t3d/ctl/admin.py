@@ -1,4 +1,4 @@
-"""`t3d ctl status|threads|stop|memory`: look at the daemon and stop a thread's work."""
+"""`t3d ctl status|stop|memory`: look at the daemon and stop a thread's work."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from t3d.ctl.client import (
     open_rpc,
     read_token,
 )
-from t3d.ctl.render import count_threads, format_memory, format_status, format_threads_table
+from t3d.ctl.render import count_threads, format_memory, format_status
+from t3d.ctl.shell import fetch_shell, resolve_thread
 from t3d.ctl.terminal import out
 
 # How long `status` waits for a memory-pressure reading.
@@ -34,7 +35,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
     stop = commands.add_parser(
         "stop", parents=[common], help="stop a thread's running turn (--force: kill its agent)"
     )
-    stop.add_argument("thread", metavar="THREAD", help="the thread's id")
+    stop.add_argument("thread", metavar="THREAD", help="the thread's id (or a unique prefix of it)")
     stop.add_argument(
         "--force",
         action="store_true",
@@ -45,21 +46,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
         "memory", parents=[common], help="watch memory pressure and the heaviest agents live"
     )
     memory.set_defaults(handler=_memory)
-    threads = commands.add_parser("threads", parents=[common], help="list threads")
-    threads.add_argument("--all", action="store_true", help="include archived threads")
-    threads.set_defaults(handler=_threads)
-
-
-async def _fetch_shell(endpoint: Endpoint) -> tuple[list[JsonDict], list[JsonDict]]:
-    token = read_token(endpoint.token_path)
-    shell = await http_get_json(endpoint, "/api/shell", token=token)
-    if not isinstance(shell, dict):
-        raise CtlError(
-            f"{endpoint.url}/api/shell answered {type(shell).__name__}, not an object; is this a t3d daemon?"
-        )
-    projects = [row for row in shell.get("projects") or [] if isinstance(row, dict)]
-    threads = [row for row in shell.get("threads") or [] if isinstance(row, dict)]
-    return projects, threads
 
 
 async def _status(args: argparse.Namespace, endpoint: Endpoint) -> int:
@@ -68,7 +54,7 @@ async def _status(args: argparse.Namespace, endpoint: Endpoint) -> int:
         raise CtlError(
             f"{endpoint.url}/api/health answered {type(health).__name__}, not an object; is this a t3d daemon?"
         )
-    projects, threads = await _fetch_shell(endpoint)
+    projects, threads = await fetch_shell(endpoint, read_token(endpoint.token_path))
     counts = count_threads(threads)
     memory = await _memory_now(endpoint, health)
     if args.json:
@@ -123,17 +109,19 @@ async def _memory(args: argparse.Namespace, endpoint: Endpoint) -> int:
 
 async def _stop(args: argparse.Namespace, endpoint: Endpoint) -> int:
     """`t3d ctl stop THREAD [--force]`: interrupt the running turn, or kill the agent."""
-    async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+    token = read_token(endpoint.token_path)
+    thread_id = await resolve_thread(endpoint, token, args.thread)
+    async with open_rpc(endpoint, token) as rpc:
         if args.force:
-            result = await rpc.call("thread.force_stop", {"thread_id": args.thread})
+            result = await rpc.call("thread.force_stop", {"thread_id": thread_id})
         else:
             result = await rpc.call(
-                "turn.interrupt", {"thread_id": args.thread, "command_id": new_command_id()}
+                "turn.interrupt", {"thread_id": thread_id, "command_id": new_command_id()}
             )
     if args.json:
         out(orjson.dumps(result).decode() + "\n")
     else:
-        out(f"thread {args.thread}: {stop_outcome(result if isinstance(result, dict) else {}, force=args.force)}\n")
+        out(f"thread {thread_id}: {stop_outcome(result if isinstance(result, dict) else {}, force=args.force)}\n")
     return EXIT_OK
 
 
@@ -162,13 +150,3 @@ def stop_outcome(result: JsonDict, *, force: bool) -> str:
     if turn is None:
         return f"{killed}; it was idle: no turn was running"
     return f"{killed}; turn {turn} ended cancelled (force_stop)"
-
-
-async def _threads(args: argparse.Namespace, endpoint: Endpoint) -> int:
-    _, threads = await _fetch_shell(endpoint)
-    shown = [thread for thread in threads if args.all or not thread.get("archived_at")]
-    if args.json:
-        out(orjson.dumps(shown).decode() + "\n")
-    else:
-        out(format_threads_table(shown))
-    return EXIT_OK

@@ -165,12 +165,16 @@ def _refused_token(endpoint: Endpoint) -> CtlError:
 
 
 def _http_failure(endpoint: Endpoint, path: str, status: int, body: bytes) -> CtlError:
+    """What a non-200 reply means; a JSON-RPC error in it (an int code: the daemon refused
+    the request, e.g. a thread that does not exist) is an RpcError, as over the WebSocket."""
     if status == 401:
         return _refused_token(endpoint)
     detail = " ".join(body[:2000].decode("utf-8", "replace").split())[:120]
     try:
         error = orjson.loads(body)["error"]
         detail = f"{error['message']} ({error['code']})"
+        if isinstance(error["code"], int) and not isinstance(error["code"], bool):
+            return RpcError(f"GET {path.split('?', 1)[0]}", error["code"], str(error["message"]), error.get("data"))
     except (orjson.JSONDecodeError, KeyError, TypeError):
         pass
     if status == 404:

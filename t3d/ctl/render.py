@@ -80,6 +80,20 @@ def result_line(result: Any, *, failed: bool, recorded: bool = False) -> str:
     return f"  ⎿  {'recorded: ' if recorded else ''}{'Error: ' if failed and lines else ''}{first}{more}"
 
 
+PROMPT_MARK = "\u203a"  # a single right-pointing angle quotation mark
+PROMPT_LINES = 6  # a prompt's lines shown by attach and log; the rest are counted
+
+
+def prompt_lines(text: str, limit: int = PROMPT_LINES) -> str:
+    """A user's prompt as ``\u203a first line`` and indented continuation lines, at most
+    ``limit`` of them (then how many more there are)."""
+    lines = text.strip("\n").splitlines() or [""]
+    shown = [f"{PROMPT_MARK if n == 0 else ' '} {line}".rstrip() for n, line in enumerate(lines[:limit])]
+    if len(lines) > limit:
+        shown.append(f"  (+{len(lines) - limit} lines)")
+    return "\n".join(shown)
+
+
 # Said once when the run's thread plays a recording (provider ``replay`` or ``replay-codex``).
 REPLAY_NOTE = (
     "note: replay plays a recorded Claude Code session: it ignores your prompt, "
@@ -131,9 +145,11 @@ class TurnRenderer:
         json_lines: bool = False,
         cwd: str | None = None,
         project_dirs: Mapping[str, str] | None = None,
+        show_prompt: bool = False,
     ) -> None:
         self.turn_id = turn_id
         self.json_lines = json_lines
+        self.show_prompt = show_prompt  # print the turn's user message (attach, log)
         self.cwd = cwd
         self._project_dirs = project_dirs or {}
         self.turn: JsonDict | None = None
@@ -287,7 +303,10 @@ class TurnRenderer:
         elif kind == "error":
             if self._finish(item_id):
                 self._line(f"✗ {item.get('text') or item.get('title') or 'error'}")
-        elif kind != "user_message" and self._head(item_id):
+        elif kind == "user_message":
+            if self.show_prompt and item.get("text") and self._head(item_id):
+                self._line(prompt_lines(str(item.get("text"))))
+        elif self._head(item_id):
             self._line(f"⏺ {one_line(str(item.get('title') or kind), SUMMARY_CHARS)}")
 
     def _request(self, request: JsonDict) -> None:
@@ -480,33 +499,32 @@ def format_memory(value: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_threads_table(threads: Sequence[Mapping[str, Any]], *, title_chars: int = 60) -> str:
-    """`t3d ctl threads`: one aligned row per thread, oldest first."""
-    if not threads:
-        return 'no threads; start one with `t3d ctl run "your prompt"`\n'
-    header = ("ID", "PROVIDER", "STATUS", "TURNS", "ITEMS", "TITLE")
-    rows = [header]
-    for thread in sorted(threads, key=lambda t: t.get("created_at") or 0):
-        status = "archived" if thread.get("archived_at") else str(thread.get("status", "?"))
-        if status == "queued" and thread.get("queue_reason"):
-            status = f"queued ({thread['queue_reason']})"
-        rows.append(
-            (
-                str(thread.get("id", "?")),
-                str(thread.get("provider", "?")),
-                status,
-                str(thread.get("turn_count", "?")),
-                str(thread.get("item_count", "?")),
-                one_line(str(thread.get("title") or ""), title_chars),
-            )
-        )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
-    numeric = {3, 4}
+# -- diffs --------------------------------------------------------------------
+
+_BOLD, _RED, _GREEN, _CYAN, _RESET = "\x1b[1m", "\x1b[31m", "\x1b[32m", "\x1b[36m", "\x1b[0m"
+_DIFF_HEADS = ("diff --git ", "index ", "--- ", "+++ ", "new file mode", "deleted file mode", "similarity ", "rename ", "old mode", "new mode")
+
+
+def color_diff(text: str) -> str:
+    """A unified diff coloured as git colours it: headers bold, hunks cyan, + green, - red."""
     lines = []
-    for row in rows:
-        cells = [
-            cell.rjust(width) if column in numeric else cell.ljust(width)
-            for column, (cell, width) in enumerate(zip(row, widths, strict=False))
-        ]
-        lines.append("  ".join([*cells, row[-1]]).rstrip())
-    return "\n".join(lines) + "\n"
+    in_header = False
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\n")
+        end = line[len(body) :]
+        if body.startswith("diff --git "):
+            in_header = True
+        elif body.startswith("@@"):
+            in_header = False
+        if in_header and body.startswith(_DIFF_HEADS):
+            color = _BOLD
+        elif body.startswith("@@"):
+            color = _CYAN
+        elif body.startswith("+"):
+            color = _GREEN
+        elif body.startswith("-"):
+            color = _RED
+        else:
+            color = ""
+        lines.append(f"{color}{body}{_RESET}{end}" if color and body else line)
+    return "".join(lines)

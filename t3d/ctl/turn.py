@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import threading
 from typing import Any
 
 import trio
 
 from t3d.config import load_settings
+from t3d.ctl.approver import Approver
 from t3d.ctl.client import (
     EXIT_SIGINT,
     CtlError,
@@ -29,8 +29,10 @@ from t3d.ctl.client import (
     open_rpc,
     read_token,
 )
-from t3d.ctl.render import ApprovalPrompt, Rendered, TurnRenderer, one_line
-from t3d.ctl.terminal import StdinLines, err, out
+from t3d.ctl.listing import title_from_prompt
+from t3d.ctl.render import Rendered, TurnRenderer
+from t3d.ctl.shell import project_dir, resolve_thread
+from t3d.ctl.terminal import err, out
 from t3d.domain.model import RUNNABLE_PROVIDERS
 
 THREAD_TITLE_CHARS = 60
@@ -60,7 +62,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
         f"<state dir>/{REPLAY_SCRATCHES['replay-codex'][0]})",
     )
     run.add_argument(
-        "--thread", metavar="ID", help="continue this thread instead of starting a new one"
+        "--thread", metavar="ID", help="continue this thread (its id or a unique prefix) instead of starting a new one"
     )
     run.add_argument("--model", metavar="M", help="model of a new thread (default: the provider's)")
     run.add_argument(
@@ -87,7 +89,7 @@ async def _run(args: argparse.Namespace, endpoint: Endpoint) -> int:
         project, is_dir = await trio.to_thread.run_sync(_replay_scratch, args.state_dir, args.provider)
         err(f"note: the replay runs in a scratch project, {project} (--project DIR runs it elsewhere)\n")
     else:
-        project, is_dir = await trio.to_thread.run_sync(_project_dir, args.project)
+        project, is_dir = await trio.to_thread.run_sync(project_dir, args.project)
     if args.thread is None and not is_dir:
         raise CtlError(f"--project {project} is not a directory; give the project's directory")
     if args.thread is not None and (args.model or args.provider or args.project):
@@ -101,7 +103,8 @@ async def _run(args: argparse.Namespace, endpoint: Endpoint) -> int:
             raise CtlError(
                 f"the server at {endpoint.url} is not a t3d daemon (server.hello said {hello!r})"
             )
-        thread_id = args.thread or await _create_thread(rpc, args, project, prompt)
+        thread_id = await resolve_thread(endpoint, token, args.thread) if args.thread else None
+        thread_id = thread_id or await _create_thread(rpc, args, project, prompt)
         project_dirs = await _project_dirs(rpc) if args.thread else {}
         err(f"thread {thread_id}\n")
         # Subscribe before starting the turn, so that none of its events is missed.
@@ -126,12 +129,6 @@ async def _run(args: argparse.Namespace, endpoint: Endpoint) -> int:
             started_status=started.get("status"),
         )
         return await session.run()
-
-
-def _project_dir(given: str | None) -> tuple[str, bool]:
-    """The project directory made absolute (not resolved: the daemon keys projects by path)."""
-    path = os.path.abspath(os.path.expanduser(given or os.getcwd()))
-    return path, os.path.isdir(path)
 
 
 async def _project_dirs(rpc: RpcConnection) -> dict[str, str]:
@@ -163,7 +160,7 @@ async def _create_thread(
     params: JsonDict = {
         "project_id": _field(created, "project_id", "project.create"),
         "provider": args.provider or "claude",
-        "title": one_line(prompt, THREAD_TITLE_CHARS),
+        "title": title_from_prompt(prompt, THREAD_TITLE_CHARS),
         "command_id": new_command_id(),
     }
     if args.model:
@@ -262,76 +259,3 @@ class _TurnSession:
             )
         except RpcError as exc:
             err(f"could not interrupt: {exc.rpc_message}\n")
-
-
-class Approver:
-    """Answers the turn's permission requests: by --approve, at the terminal, or by denying.
-
-    One question is on screen at a time. A request settled elsewhere (another
-    client, expiry, the turn ending) withdraws its question.
-    """
-
-    def __init__(
-        self, rpc: RpcConnection, nursery: trio.Nursery, *, mode: str | None, to_stderr: bool
-    ) -> None:
-        self._rpc = rpc
-        self._nursery = nursery
-        self._mode = mode
-        self._write = err if to_stderr else out
-        self._scopes: dict[str, trio.CancelScope] = {}
-        self._one_at_a_time = trio.Lock()
-        self._stdin: StdinLines | None = None
-        if mode is None and sys.stdin is not None and sys.stdin.isatty():
-            self._stdin = StdinLines()
-            nursery.start_soon(self._stdin.pump)
-
-    def ask(self, prompt: ApprovalPrompt) -> None:
-        scope = trio.CancelScope()
-        self._scopes[prompt.request_id] = scope
-        self._nursery.start_soon(self._answer, prompt, scope)
-
-    def settle(self, request_id: str) -> None:
-        scope = self._scopes.pop(request_id, None)
-        if scope is not None:
-            scope.cancel()
-
-    async def _answer(self, prompt: ApprovalPrompt, scope: trio.CancelScope) -> None:
-        with scope:
-            decision, message = await self._decide(prompt)
-            params: JsonDict = {
-                "request_id": prompt.request_id,
-                "decision": decision,
-                "command_id": new_command_id(),
-            }
-            if message:
-                params["message"] = message
-            try:
-                await self._rpc.call("request.respond", params)
-            except RpcError as exc:
-                err(f"could not answer {prompt.question!r}: {exc.rpc_message}\n")
-        self._scopes.pop(prompt.request_id, None)
-
-    async def _decide(self, prompt: ApprovalPrompt) -> tuple[str, str | None]:
-        if self._mode is not None:
-            allow = self._mode == "all"
-            self._write(f"{prompt.question} {'yes' if allow else 'no'} (--approve {self._mode})\n")
-            return ("allow", None) if allow else ("deny", "denied by `t3d ctl run --approve none`")
-        if self._stdin is None:
-            err(
-                f"{prompt.question} no: stdin is not a terminal; pass --approve all to allow tools\n"
-            )
-            return "deny", "denied by `t3d ctl run`: no terminal to ask"
-        async with self._one_at_a_time:
-            self._write(prompt.prompt)
-            shown_at = trio.current_time()
-            line: str | None = None
-            answered = False
-            try:
-                line = await self._stdin.read_line(since=shown_at)
-                answered = True
-            finally:
-                if not answered or line is None:
-                    self._write("\n")  # withdrawn, or end of input: end the prompt's line
-        if line is not None and line.strip().lower() in ("y", "yes"):
-            return "allow", None
-        return "deny", None
