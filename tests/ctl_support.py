@@ -34,12 +34,14 @@ async def new_thread(daemon: Served, project: Path, *flags: str) -> str:
     return str(thread_id)
 
 
-async def wait_for(probe: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
-    """Poll ``probe`` until it returns something true; that value."""
-    with trio.fail_after(timeout):
-        while not (value := await probe()):
+async def wait_for(probe: Callable[[], Awaitable[Any]], seconds: float = 60) -> Any:
+    """Poll ``probe`` until it returns something true (at most ``seconds``); that value."""
+    with trio.fail_after(seconds):
+        while True:
+            value = await probe()
+            if value:
+                return value
             await trio.sleep(0.05)
-    return value
 
 
 async def turn_statuses(daemon: Served, thread_id: str) -> list[str]:

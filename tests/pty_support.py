@@ -49,11 +49,11 @@ class PtyProcess:
         self.seen += chunk
         return bool(chunk)
 
-    async def expect(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+    async def expect(self, pattern: str, seconds: float = 60) -> re.Match[str]:
         """Wait until ``pattern`` (a regex) appears in the text shown after what earlier
-        expects matched; fail with the whole text after ``timeout``."""
+        expects matched; fail with the whole text after ``seconds``."""
         start = self.consumed
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(seconds):
             while True:
                 match = re.compile(pattern).search(self.text, start)
                 if match is not None:
@@ -66,9 +66,9 @@ class PtyProcess:
     def type(self, keys: str) -> None:
         os.write(self.master, keys.encode())
 
-    async def wait(self, timeout: float = 60) -> int:
+    async def wait(self, seconds: float = 60) -> int:
         """The exit status, reading the terminal until the process ends."""
-        with trio.fail_after(timeout):
+        with trio.fail_after(seconds):
             async with trio.open_nursery() as nursery:
 
                 async def drain() -> None:

@@ -1,7 +1,7 @@
-"""`t3d ctl new|rename|archive|unarchive|delete|move|revert`: a thread's life from a terminal.
+"""`t3d ctl new|rename|archive|delete|move|revert`: a thread's life from a terminal.
 
 Each verb is one mutating call with a fresh ``command_id`` (thread.create, thread.rename,
-thread.archive, thread.unarchive, thread.delete, thread.move, checkpoint.revert) and says
+thread.archive, thread.delete, thread.move, checkpoint.revert) and says
 what it did in a line or two; ``--json`` prints the daemon's result instead.
 """
 
@@ -105,12 +105,6 @@ def register(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     revert.set_defaults(handler=_revert)
 
 
-def register_unarchive(commands: Subparsers, common: argparse.ArgumentParser) -> None:
-    unarchive = commands.add_parser("unarchive", parents=[common], help="bring an archived thread back")
-    _thread_arg(unarchive)
-    unarchive.set_defaults(handler=_unarchive)
-
-
 def workspace(args: argparse.Namespace) -> Any:
     """The ``workspace`` param the flags ask for: "root", or a worktree spec."""
     if getattr(args, "root", False) and (args.worktree or args.branch or args.base):
@@ -184,12 +178,6 @@ async def _archive(args: argparse.Namespace, endpoint: Endpoint) -> int:
     thread_id = await resolve_thread(endpoint, read_token(endpoint.token_path), args.thread)
     result = await _call(endpoint, "thread.archive", {"thread_id": thread_id})
     return _print(args, result, f"archived thread {thread_id}; `t3d ctl threads --all` still lists it\n")
-
-
-async def _unarchive(args: argparse.Namespace, endpoint: Endpoint) -> int:
-    thread_id = await resolve_thread(endpoint, read_token(endpoint.token_path), args.thread)
-    result = await _call(endpoint, "thread.unarchive", {"thread_id": thread_id})
-    return _print(args, result, f"thread {thread_id} is back from the archive\n")
 
 
 def delete_outcome(thread_id: str, result: Mapping[str, Any]) -> str:
