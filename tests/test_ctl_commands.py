@@ -115,7 +115,10 @@ async def test_rename_archive_delete_and_move(daemon: Served, tmp_path: Path) ->
         assert thread_id in (await ctl(daemon, "threads", "-q", "--status", "archived")).out
         refused = await ctl(daemon, "run", "--thread", thread_id, "hello")
         assert refused.status == 1
-        assert f"thread '{thread_id}' is archived; " in refused.err and "`t3d ctl new`" in refused.err
+        assert f"thread '{thread_id}' is archived; bring it back with `t3d ctl unarchive {thread_id}`" in refused.err
+        back = await ctl(daemon, "unarchive", thread_id[:9])
+        assert back.status == 0, back.err
+        assert thread_id in (await ctl(daemon, "threads", "-q")).out
 
         (worktree / "scratch.txt").write_text("not committed\n")
         dirty = await ctl(daemon, "delete", thread_id)

@@ -6,8 +6,8 @@ and snapshots and resolves id prefixes; ``render``, ``listing``, ``history`` and
 hints as ctl commands); ``terminal`` and ``approver`` write, read and ask at the
 terminal; ``main`` parses the subcommands and runs them. Each command module registers
 its own: ``admin`` (status, stop, memory), ``threads`` (threads, projects), ``turn``
-(run), ``follow`` (attach, log), ``lifecycle`` (new, rename, archive, delete, move,
-revert), ``diff``, ``requests``, ``service`` (shutdown), ``db`` (the database),
+(run), ``follow`` (attach, log), ``lifecycle`` (new, rename, archive, unarchive,
+delete, move, revert), ``diff``, ``requests``, ``service`` (shutdown), ``db`` (the database),
 ``completion``.
 """
 

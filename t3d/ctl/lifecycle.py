@@ -1,7 +1,7 @@
-"""`t3d ctl new|rename|archive|delete|move|revert`: a thread's life from a terminal.
+"""`t3d ctl new|rename|archive|unarchive|delete|move|revert`: a thread's life from a terminal.
 
 Each verb is one mutating call with a fresh ``command_id`` (thread.create, thread.rename,
-thread.archive, thread.delete, thread.move, checkpoint.revert) and says
+thread.archive, thread.unarchive, thread.delete, thread.move, checkpoint.revert) and says
 what it did in a line or two; ``--json`` prints the daemon's result instead.
 """
 
@@ -71,6 +71,10 @@ def register(commands: Subparsers, common: argparse.ArgumentParser) -> None:
     )
     _thread_arg(archive)
     archive.set_defaults(handler=_archive)
+
+    unarchive = commands.add_parser("unarchive", parents=[common], help="bring an archived thread back: it takes turns again")
+    _thread_arg(unarchive)
+    unarchive.set_defaults(handler=_unarchive)
 
     delete = commands.add_parser(
         "delete",
@@ -178,6 +182,12 @@ async def _archive(args: argparse.Namespace, endpoint: Endpoint) -> int:
     thread_id = await resolve_thread(endpoint, read_token(endpoint.token_path), args.thread)
     result = await _call(endpoint, "thread.archive", {"thread_id": thread_id})
     return _print(args, result, f"archived thread {thread_id}; `t3d ctl threads --all` still lists it\n")
+
+
+async def _unarchive(args: argparse.Namespace, endpoint: Endpoint) -> int:
+    thread_id = await resolve_thread(endpoint, read_token(endpoint.token_path), args.thread)
+    result = await _call(endpoint, "thread.unarchive", {"thread_id": thread_id})
+    return _print(args, result, f"thread {thread_id} is back from the archive; its next turn starts an agent\n")
 
 
 def delete_outcome(thread_id: str, result: Mapping[str, Any]) -> str:
