@@ -28,7 +28,19 @@ from typing import Any
 import trio
 
 from t3d.config import load_settings
-from t3d.ctl import admin, completion, db, diff, follow, lifecycle, requests, service, threads, top, turn
+from t3d.ctl import (
+    admin,
+    completion,
+    db,
+    diff,
+    follow,
+    lifecycle,
+    requests,
+    service,
+    threads,
+    top,
+    turn,
+)
 from t3d.ctl.client import EXIT_OK, EXIT_SIGINT, EXIT_USAGE, CtlError, Endpoint, unwrap_group
 from t3d.ctl.hints import ctl_hints
 from t3d.ctl.terminal import err
