@@ -15,6 +15,7 @@ import sys
 
 from spawner import log
 from spawner.pools import FORGE_POOL, OTHER_POOL, Pool, available_cpus, default_git_pool
+from spawner.relay import DEFAULT_REPLAY_BOUND, DEFAULT_REPLAY_BUDGET
 from spawner.server import Spawner
 
 SD_LISTEN_FDS_START = 3
@@ -29,7 +30,11 @@ Start processes for the t3d daemon.
   --forge-pool N       gh/glab/tea commands at once, 1-64 (default {FORGE_POOL})
   --other-pool N       other commands at once, 1-256 (default {OTHER_POOL})
   --orphan-grace S     seconds a child whose daemon went away waits to be adopted
-                       before it is stopped (default 60)
+                       before it is stopped, unless its spawn says otherwise (default 60)
+  --replay-buffer N    bytes of one child's output kept until its daemon acks them,
+                       4096-1073741824 (default {DEFAULT_REPLAY_BOUND})
+  --replay-budget N    bytes of output kept for all children together,
+                       65536-17179869184 (default {DEFAULT_REPLAY_BUDGET})
   --idle-exit S        exit after S seconds with no daemon and no children (default: never)
   --log-level LEVEL    {", ".join(log.LEVELS)} (default info)
 """
@@ -42,6 +47,8 @@ _OPTIONS = {
     "--other-pool": (int, (1, 256)),
     "--orphan-grace": (float, (0, 86400)),
     "--idle-exit": (float, (0, 86400)),
+    "--replay-buffer": (int, (4096, 1 << 30)),
+    "--replay-budget": (int, (65536, 1 << 34)),
     "--log-level": (str, None),
 }
 
@@ -57,6 +64,8 @@ class Options:
     other_pool = OTHER_POOL
     orphan_grace = 60.0
     idle_exit: float | None = None
+    replay_buffer = DEFAULT_REPLAY_BOUND
+    replay_budget = DEFAULT_REPLAY_BUDGET
     log_level = "info"
 
 
@@ -148,7 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     sizes = " ".join(f"{name}={pool.size}" for name, pool in pools.items())
     log.info("listening on %s; pools %s (%d cpus)", socket_path, sizes, cpus)
     try:
-        Spawner(listener, pools, orphan_grace=args.orphan_grace, idle_exit=args.idle_exit).serve_forever()
+        Spawner(
+            listener,
+            pools,
+            orphan_grace=args.orphan_grace,
+            idle_exit=args.idle_exit,
+            replay_bound=args.replay_buffer,
+            replay_budget=args.replay_budget,
+        ).serve_forever()
     finally:
         if owned_path is not None:
             with contextlib.suppress(OSError):

@@ -31,8 +31,11 @@ def _write(level: int, message: str, args: tuple[object, ...]) -> None:
             line = json.dumps({"time": stamp, "level": LEVELS[level], "logger": "t3d.spawner", "message": text})
         else:
             line = f"t3d-spawner {LEVELS[level].upper()} {text}"
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
+        try:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass  # stderr went away with the daemon that started us: the agents matter more
 
 
 def info(message: str, *args: object) -> None:

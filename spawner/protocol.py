@@ -5,6 +5,8 @@ then that many bytes of one UTF-8 JSON object. Requests carry an integer
 ``id`` and an ``op``; the reply to a request carries the same ``id`` and
 ``ok``. Replies may come in any order (several requests are in flight at
 once). Unsolicited frames carry ``event`` instead of ``id`` (child exits).
+Operations: ``run``, ``spawn``, ``attach``, ``ack``, ``close_stdin``, ``signal``,
+``adopt``, ``stats``, ``ping`` (`spawner.agents` says what the agent ones do).
 Binary fields (stdin, stdout, stderr) travel base64-encoded in ``*_b64``.
 
 File descriptors travel beside frames with SCM_RIGHTS: a frame that carries
@@ -139,6 +141,21 @@ def check_number(message: dict[str, Any], name: str, default: float, low: float,
     if not low <= value <= high:
         raise FrameError(f"{name!r}={value} is out of range; use {low:g} to {high:g}")
     return float(value)
+
+
+MAX_META = 4096
+
+
+def check_meta(message: dict[str, Any]) -> dict[str, Any]:
+    """The daemon's opaque ``meta`` object (at most `MAX_META` bytes as JSON)."""
+    meta = message.get("meta")
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise FrameError("'meta' must be an object")
+    if len(json.dumps(meta, separators=(",", ":"))) > MAX_META:
+        raise FrameError(f"'meta' is over {MAX_META} bytes as JSON; keep it to a few ids")
+    return meta
 
 
 def check_choice(message: dict[str, Any], name: str, allowed: tuple[str, ...], default: str | None = None) -> str:

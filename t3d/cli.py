@@ -68,6 +68,8 @@ SERVE_FLAGS = (
     ("--retention-item-snapshots-age", "retention_item_snapshots_age", "how long an item's superseded snapshots (item.updated) are kept, 0-30d, in seconds or with a unit: 90, 5m, 1h, 7d (T3D_RETENTION_ITEM_SNAPSHOTS_AGE; default 1h)"),
     ("--retention-state-events-age", "retention_state_events_age", "how long superseded thread, turn, request, session and checkpoint events (and done outbox rows) are kept, 0-365d (T3D_RETENTION_STATE_EVENTS_AGE; default 7d)"),
     ("--retention-interval", "retention_interval", "time between retention passes, 1s-1d (T3D_RETENTION_INTERVAL; default 1m)"),
+    ("--agent-reattach-window", "agent_reattach_window", "seconds agents keep running under the spawner after the daemon stops without stopping them (SIGTERM, a crash), for the next daemon on this state dir to reattach; 0 = agents stop with the daemon, 0-86400 (T3D_AGENT_REATTACH_WINDOW; default 300)"),
+    ("--turn-silence-timeout", "turn_silence_timeout", "seconds a running turn's provider may send nothing (no approval pending) before the turn fails and the provider is stopped, 0 = never, 0-604800 (T3D_TURN_SILENCE_TIMEOUT; default 1800)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),
     ("--log-format", "log_format", "text or json: json writes one object per line with time, level, logger, message and the record's fields (T3D_LOG_FORMAT; default text)"),
     ("--loop-stall-threshold", "loop_stall_threshold", "seconds, 0.05-600: a loop stall this long logs one record with the slowest task steps, RSS, GC state and the writer queue (T3D_LOOP_STALL_THRESHOLD; default 1)"),

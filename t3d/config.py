@@ -95,6 +95,12 @@ class Settings:
     retention_state_events_age: float = 7 * 86400.0
     # Seconds between retention passes.
     retention_interval: float = 60.0
+    # Seconds agents keep running under the spawner for a daemon to come back and
+    # reattach after this one went away without stopping them; 0 = they stop with it.
+    agent_reattach_window: float = 300.0
+    # Seconds a turn's provider may send nothing (no request pending) before the turn
+    # is failed and the process stopped; 0 = never.
+    turn_silence_timeout: float = 1800.0
     log_level: str = "info"
     # text: one line per record; json: one JSON object per line (t3d/observe/logs.py).
     log_format: str = "text"
@@ -281,6 +287,8 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "retention_item_snapshots_age": ("T3D_RETENTION_ITEM_SNAPSHOTS_AGE", _duration(0.0, 30 * 86400.0)),
     "retention_state_events_age": ("T3D_RETENTION_STATE_EVENTS_AGE", _duration(0.0, 365 * 86400.0)),
     "retention_interval": ("T3D_RETENTION_INTERVAL", _duration(1.0, 86400.0)),
+    "agent_reattach_window": ("T3D_AGENT_REATTACH_WINDOW", _float_in(0.0, 86400.0)),
+    "turn_silence_timeout": ("T3D_TURN_SILENCE_TIMEOUT", _float_in(0.0, 604800.0)),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),
     "log_format": ("T3D_LOG_FORMAT", _choice("text", "json")),
     "loop_stall_threshold": ("T3D_LOOP_STALL_THRESHOLD", _float_in(0.05, 600.0)),

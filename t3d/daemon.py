@@ -1,10 +1,13 @@
 """`run_daemon`: the supervision tree (docs/architecture.md, The supervision tree), read top-down.
 
-Start order is the order below; shutdown runs it backwards: the API stops
-taking requests, effects stop, provider sessions are stopped (bounded), and
-the store lets every job already sent commit before it closes. A lost
-database writer cancels everything and surfaces as `WriterLostError`
-(the CLI exits with status 1 so systemd restarts the daemon).
+Start order is the order below: the store (without recovery), the spawner, the
+sessions, then restart recovery with the spawner's word on which agents are still
+alive (`t3d/restart.py`), and only then effects and the API. Shutdown runs it
+backwards: the API stops taking requests, effects stop, provider sessions are
+stopped or detached (bounded; `DaemonControl.stop_agents`), and the store lets every
+job already sent commit before it closes. A lost database writer cancels everything
+and surfaces as `WriterLostError` (the CLI exits with status 1 so systemd restarts
+the daemon); its agents are left running like at any stop that does not stop them.
 
 Before all of it the state dir's lock is taken (`hold_state_dir`: one daemon per state
 dir); once the API serves, ``daemon.json`` is written and, under systemd, READY=1 sent.
@@ -40,6 +43,7 @@ from t3d.loop_monitor import LoopMonitor
 from t3d.observe.metrics import Observer, Sources
 from t3d.observe.tally import CommitTally
 from t3d.pressure.sampler import PressureSampler, run_pressure_sampler
+from t3d.restart import recover_after_restart
 from t3d.service.notify import Notifier, NotifyTarget, run_notify
 from t3d.service.runfile import RunFile, started_at_now
 from t3d.service.statedir import HeldStateDir, hold_state_dir
@@ -67,8 +71,10 @@ class DaemonControl:
     """How this daemon stops, decided while it runs (by `t3d serve`'s signal handling and by
     API calls that ask for a shutdown)."""
 
-    # At shutdown, stop every agent too; otherwise (the default) agents are meant to keep
-    # running under the spawner for the next daemon on this state dir to reattach.
+    # At shutdown, stop every agent too; otherwise (the default) agents keep running under
+    # the spawner for the next daemon on this state dir to reattach, for at most
+    # ``agent_reattach_window`` seconds (agents the daemon started itself, with
+    # T3D_PROCESS_SPAWNER=off, always stop with it).
     stop_agents: bool = False
 
 
@@ -111,6 +117,7 @@ async def _run_daemon(
             synchronous=settings.sqlite_synchronous,
             busy_timeout_ms=settings.sqlite_busy_timeout_ms,
             on_writer_lost=on_writer_lost,
+            recover=False,
         ) as store:
             hub = Hub(encode_once=settings.live_encode_once)
             effects = EffectQueue()
@@ -130,11 +137,14 @@ async def _run_daemon(
             transport = TransportStats()
             bound: list[int] = [settings.port]
 
+            # Read at shutdown. A reattach window of 0 means agents go with their daemon.
+            stop_agents = lambda: control.stop_agents or settings.agent_reattach_window == 0  # noqa: E731
             async with (
-                open_spawner(settings) as spawner,
-                open_sessions(store, spawner, settings) as sessions,
+                open_spawner(settings, stop_agents) as spawner,
+                open_sessions(store, spawner, settings, stop_at_exit=stop_agents) as sessions,
                 trio.open_nursery() as nursery,
             ):
+                await recover_after_restart(store, spawner, sessions)
 
                 pressure = PressureSampler(settings.psi_root, settings.pressure_interval, sessions.agents)
                 checkpoints = Checkpoints(

@@ -7,6 +7,15 @@ first effect that needs one and ends when it is told to stop or its thread
 goes away. A session that fails unexpectedly is logged with its traceback,
 its running turn is failed with the reason, and the other sessions go on:
 one broken agent never takes the daemon down.
+
+At shutdown every session either stops its agent or, when the daemon is meant to
+leave agents running (``stop_at_exit()`` is False), the spawner can keep them
+(`Child.detachable`) and the provider's session can take a process over after a
+restart (`registry.Reattachable`), detaches: it stops reading, lets its writes
+commit and leaves the agent to the next daemon. At start-up `reattach` gives each
+agent a previous daemon left (`t3d/restart.py`) a session that replays and
+continues its open turn. This plumbing is provider-neutral; replaying a turn is
+each provider session's.
 """
 
 from __future__ import annotations
@@ -26,12 +35,14 @@ import trio
 from t3d.config import Settings
 from t3d.domain import commands as c
 from t3d.domain import events as ev
-from t3d.errors import DomainError
+from t3d.errors import DomainError, SpawnerError
 from t3d.pressure.readers import AgentProcess
 from t3d.providers import registry
 from t3d.providers.claude.session import BeforeTurn, SessionSpec
+from t3d.providers.log_limit import LogLimiter
 from t3d.providers.pipeline import WritePipeline
-from t3d.spawn.child import Spawner
+from t3d.providers.reattach import Reattach
+from t3d.spawn.child import Orphan, Spawner
 from t3d.startup_checks import missing_binary
 from t3d.store.store import Store
 
@@ -55,12 +66,14 @@ class Sessions:
         spawner: Spawner,
         settings: Settings,
         clock: Callable[[], float],
+        stop_at_exit: Callable[[], bool] = lambda: True,
     ) -> None:
         self._nursery = nursery
         self._store = store
         self._spawner = spawner
         self._settings = settings
         self._clock = clock
+        self._stop_at_exit = stop_at_exit
         self._live: dict[str, _Live] = {}
         # Called by a session before each turn reaches its provider (the checkpoint baseline).
         self.before_turn: BeforeTurn | None = None
@@ -116,12 +129,41 @@ class Sessions:
         if problem is not None:  # say how to install it, not just "No such file or directory"
             await self._fail_turn(effect.turn_id, f"{thread['provider']}: {problem}", "provider_start_failed")
             return None
-        spec = self._spec(thread, cwd, resume)
+        return self._start(self._spec(thread, cwd, resume), None, None)
+
+    def _start(self, spec: SessionSpec, turn_id: str | None, reattach: Reattach | None) -> _Live:
         send, receive = trio.open_memory_channel[ev.Effect](INBOX_SIZE)
-        live = _Live(send)
-        self._live[effect.thread_id] = live
-        self._nursery.start_soon(self._supervise, spec, receive, live)
+        live = _Live(send, turn_id=turn_id)
+        self._live[spec.thread_id] = live
+        self._nursery.start_soon(self._supervise, spec, receive, live, reattach)
         return live
+
+    async def reattach(self, orphan: Orphan) -> bool:
+        """Give an agent a previous daemon left (its session is live in the database) a
+        session that takes it over; False (the agent stopped, its turn failed) if that
+        cannot be done."""
+        thread_id = str(orphan.meta.get("thread_id"))
+        context = await self._store.reattach_context(thread_id)
+        if context is None or thread_id in self._live or context.thread.get("provider") not in registry.REATTACHABLE:
+            await self._spawner.stop_orphan(orphan)
+            return False
+        try:
+            child = await self._spawner.attach(orphan)
+        except SpawnerError as exc:
+            log.error("thread %s: could not reattach to its agent (pid %d): %s", thread_id, orphan.pid, exc)
+            await self._spawner.stop_orphan(orphan)
+            if context.turn is not None:
+                await self._fail_turn(
+                    context.turn.id,
+                    f"the daemon restarted and could not take its agent over ({exc}); start a new turn to continue",
+                    "reattach_failed",
+                )
+            return False
+        cwd = context.thread.get("worktree_path") or context.project["path"]
+        spec = self._spec(context.thread, cwd, context.resume)
+        turn_id = None if context.turn is None else context.turn.id
+        self._start(spec, turn_id, Reattach(child, context.turn, context.user_text, context.requests, context.items))
+        return True
 
     def _spec(self, thread: dict[str, Any], cwd: str, resume: str | None) -> SessionSpec:
         provider = thread["provider"]
@@ -138,17 +180,27 @@ class Sessions:
             resume=resume,
             interrupt_timeout=self._settings.interrupt_timeout,
             idle_timeout=self._settings.provider_idle_timeout,
+            silence_timeout=self._settings.turn_silence_timeout,
             scopes=self._settings.agent_scopes == "auto",
             before_turn=self.before_turn,
         )
 
     async def _supervise(
-        self, spec: SessionSpec, inbox: trio.MemoryReceiveChannel[ev.Effect], live: _Live
+        self,
+        spec: SessionSpec,
+        inbox: trio.MemoryReceiveChannel[ev.Effect],
+        live: _Live,
+        reattach: Reattach | None,
     ) -> None:
+        rejected = LogLimiter(log, f"thread {spec.thread_id}", level=logging.INFO)
         try:
-            pipeline = WritePipeline(self._store.send, self._store.record, functools.partial(_not_recorded, spec.thread_id))
-            live.session = registry.open_session(spec, pipeline.write, self._spawner, self._clock, self._settings)
-            await live.session.run(inbox)
+            pipeline = WritePipeline(self._store.send, self._store.record, functools.partial(_not_recorded, rejected))
+            session = live.session = registry.open_session(spec, pipeline.write, self._spawner, self._clock, self._settings)
+            if isinstance(session, registry.Reattachable):
+                session.detach_on_cancel = lambda: not self._stop_at_exit()
+                await session.run(inbox, reattach)
+            else:
+                await session.run(inbox)
             await pipeline.drain()
         except Exception as exc:  # the supervision boundary of one session
             log.error("thread %s: provider session failed", spec.thread_id, exc_info=exc)
@@ -159,6 +211,7 @@ class Sessions:
                     "session_crashed",
                 )
         finally:
+            rejected.flush()
             if self._live.get(spec.thread_id) is live:
                 del self._live[spec.thread_id]
 
@@ -196,29 +249,42 @@ class Sessions:
     async def _fail_turn(self, turn_id: str, error: str, reason: str) -> None:
         await self._finish_turn(turn_id, "failed", error, reason)
 
-    async def stop_all(self) -> None:
+    async def stop_all(self, *, detach: bool = False) -> None:
         """Ask every session to stop, all at once (a session ending meanwhile is fine);
-        a session whose inbox is full stops when it reaches the inbox's end."""
+        a session whose inbox is full stops when it reaches the inbox's end. With
+        ``detach``, sessions whose agent can outlive the daemon leave it running."""
         lives, self._live = self._live, {}
         for thread_id, live in lives.items():
-            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
-                live.inbox.send_nowait(ev.StopProviderSession(thread_id))
+            session = live.session
+            child = None if session is None else session.process
+            if detach and isinstance(session, registry.Reattachable) and child is not None and child.detachable:
+                session.detach()
+            else:
+                with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                    live.inbox.send_nowait(ev.StopProviderSession(thread_id))
             await live.inbox.aclose()
 
 
-def _not_recorded(thread_id: str, command: c.Command, error: DomainError) -> None:
-    """A provider write the domain rejected (e.g. the thread was deleted meanwhile): logged, not fatal."""
-    log.info("thread %s: %s not recorded: %s", thread_id, type(command).__name__, error)
+def _not_recorded(rejected: LogLimiter, command: c.Command, error: DomainError) -> None:
+    """A provider write the domain rejected (e.g. the thread was deleted meanwhile, or a
+    replay after a restart opened a request that is already open): logged, not fatal."""
+    rejected.warning(f"{type(command).__name__} not recorded: {error}")
 
 
 @asynccontextmanager
 async def open_sessions(
-    store: Store, spawner: Spawner, settings: Settings, clock: Callable[[], float] = time.time
+    store: Store,
+    spawner: Spawner,
+    settings: Settings,
+    clock: Callable[[], float] = time.time,
+    stop_at_exit: Callable[[], bool] = lambda: True,
 ) -> AsyncIterator[Sessions]:
+    """The sessions' supervisor. At exit ``stop_at_exit()`` says whether agents are stopped
+    or left running for the next daemon (where the spawner and the provider allow it)."""
     async with trio.open_nursery() as nursery:
-        sessions = Sessions(nursery, store, spawner, settings, clock)
+        sessions = Sessions(nursery, store, spawner, settings, clock, stop_at_exit)
         try:
             yield sessions
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await sessions.stop_all()
+                await sessions.stop_all(detach=not stop_at_exit())

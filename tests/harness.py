@@ -14,6 +14,7 @@ import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import trio
 import trio_websocket
 
 from t3d.config import Settings, load_settings
-from t3d.daemon import DaemonInfo, run_daemon
+from t3d.daemon import DaemonControl, DaemonInfo, run_daemon
 
 TERMINAL = {"completed", "interrupted", "failed", "cancelled"}
 REPO = Path(__file__).resolve().parent.parent
@@ -46,17 +47,22 @@ class Daemon:
         self.scope.cancel()
 
 
-async def start_daemon(nursery: trio.Nursery, state_dir: Path, **overrides: Any) -> Daemon:
-    """Run the daemon in ``nursery``; `Daemon.stop` shuts it down like SIGTERM would."""
+async def start_daemon(
+    nursery: trio.Nursery, state_dir: Path, *, control: DaemonControl | None = None, **overrides: Any
+) -> Daemon:
+    """Run the daemon in ``nursery``; `Daemon.stop` shuts it down and, unless ``control``
+    says otherwise, stops its agents with it (an in-process daemon's spawner would keep
+    them for the next test otherwise)."""
     flags = {"state_dir": str(state_dir), "port": 0, "replay_speed": 0, **overrides}
     settings = load_settings(flags, {k: v for k, v in os.environ.items() if not k.startswith("T3D_")})
-    return await nursery.start(_daemon_task, settings)  # type: ignore[no-any-return]
+    control = control or DaemonControl(stop_agents=True)
+    return await nursery.start(_daemon_task, settings, control)  # type: ignore[no-any-return]
 
 
-async def _daemon_task(settings: Settings, *, task_status: trio.TaskStatus[Daemon]) -> None:
+async def _daemon_task(settings: Settings, control: DaemonControl, *, task_status: trio.TaskStatus[Daemon]) -> None:
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as inner:
-            info = await inner.start(run_daemon, settings)
+            info = await inner.start(partial(run_daemon, settings, control=control))
             task_status.started(Daemon(info, settings, scope))
 
 

@@ -28,8 +28,11 @@ from t3d.daemon import DaemonInfo
 
 SERVING = re.compile(rb"t3d serving on http://127\.0\.0\.1:(\d+)")
 def base_env(**extra: str) -> dict[str, str]:
+    """The test's environment without T3D_ settings; agents a killed daemon leaves behind
+    wait only 15 s for another (tests that restart on purpose pass a longer window)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("T3D_")}
     env["T3D_REPLAY_INTERRUPT_TIMEOUT"] = "60"
+    env["T3D_AGENT_REATTACH_WINDOW"] = "15"
     return {**env, **extra}
 
 

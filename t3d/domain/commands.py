@@ -139,7 +139,11 @@ class RecordSession:
 
 @attrs.frozen
 class RecoverAfterRestart:
-    """Give every non-terminal turn a terminal record and expire pending requests."""
+    """Give every non-terminal turn a terminal record and expire pending requests, except
+    on the threads of ``live_sessions`` (provider sessions whose agent outlived the last
+    daemon and is taken over): their turns, requests and session carry on."""
+
+    live_sessions: tuple[str, ...] = ()
 
 
 # --- checkpoint commands (t3d/git) ---------------------------------------------------------

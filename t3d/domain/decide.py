@@ -18,6 +18,10 @@ Rules worth knowing:
   next turn is held by admission, else ``idle``.
 - Every turn ends with exactly one terminal record; pending requests of a
   finished turn are cancelled (expired after a restart).
+- After a restart, a thread whose agent is still alive (taken over by the new
+  daemon: `RecoverAfterRestart.live_sessions`) keeps its turns, pending requests
+  and session as they are; every other open turn ends ``interrupted``
+  (``server_restart``).
 """
 
 from __future__ import annotations
@@ -437,9 +441,13 @@ def _record_session(d: _Draft, cmd: c.RecordSession, now: float) -> Decision:
 
 
 def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) -> Decision:
+    live = {s.id: s for s in d.view.live_sessions()}
+    kept = {live[s].thread_id for s in cmd.live_sessions if s in live}
     threads: set[str] = set()
     for turn in d.view.all_open_turns():
         threads.add(turn.thread_id)
+        if turn.thread_id in kept:
+            continue  # its agent still runs it: the turn carries on
         if turn.status in ACTIVE_TURN_STATUSES:
             _close_turn(
                 d,
@@ -452,14 +460,17 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
             )
             _capture_checkpoint(d, turn)
     for request in d.view.all_pending_requests():
+        if request.thread_id in kept:
+            continue
         if d.get(RuntimeRequest, request.id, d.view.request).status == "pending":
             d.put(attrs.evolve(request, status="expired", resolved_at=now))
-    for session in d.view.live_sessions():
-        d.put(attrs.evolve(session, status="exited", exited_at=now))
+    for session in live.values():
+        if session.id not in cmd.live_sessions:
+            d.put(attrs.evolve(session, status="exited", exited_at=now))
     for thread_id in sorted(threads):
         _start_next_queued(d, thread_id, restart_held=True)
         d.refresh_thread_status(thread_id)
-    return d.decision(threads=len(threads))
+    return d.decision(threads=len(threads - kept))
 
 
 # --- checkpoints -----------------------------------------------------------------------------

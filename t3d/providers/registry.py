@@ -16,14 +16,16 @@ terms.
 | ``replay-codex`` | `CodexSession` | ``replay_fixtures/fake_codex app-server`` playing ``--replay-codex-fixture`` |
 
 Rules: pure lookups, no I/O; an unknown provider raises `ValueError` (the
-domain refuses such threads before any session exists).
+domain refuses such threads before any session exists). Only the providers in
+`REATTACHABLE` have a session that can take a running process over after a
+daemon restart (`Reattachable`); the others' agents stop with their daemon.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import attrs
 import trio
@@ -34,6 +36,7 @@ from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.providers.claude.session import ClaudeSession, SessionSpec
 from t3d.providers.codex.session import CodexSession
+from t3d.providers.reattach import Reattach
 from t3d.spawn.child import Child, Spawner
 
 CLAUDE_PERMISSION_MODES = {
@@ -55,6 +58,26 @@ class AgentSession(Protocol):
     @property
     def process(self) -> Child | None:
         """The running provider process, if any."""
+
+
+REATTACHABLE = frozenset({"claude", "replay"})
+
+
+@runtime_checkable
+class Reattachable(Protocol):
+    """A session that can leave its process running at shutdown and take one over after a
+    restart (`t3d.providers.reattach`)."""
+
+    detach_on_cancel: Callable[[], bool]
+
+    async def run(self, inbox: trio.MemoryReceiveChannel[ev.Effect], reattach: Reattach | None = None) -> None: ...
+
+    def detach(self) -> None: ...
+
+    async def force_stop(self, grace: float) -> int | None: ...
+
+    @property
+    def process(self) -> Child | None: ...
 
 
 @attrs.frozen

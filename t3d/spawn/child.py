@@ -5,6 +5,11 @@ Every process the daemon needs goes through one `Spawner`: the sidecar
 `DirectSpawner`. Both give back the same things: a `Child` for a long-lived
 process (its pipes, its exit, signals to its process group) and a
 `RunResult` for a short-lived command run to completion.
+
+Only the sidecar's children outlive their daemon (`Child.detachable`): the spawner
+keeps their stdio and relays their stdout from the start of the turn the daemon has
+not acked (`Child.ack`), so the next daemon can `Spawner.adopt` and `Spawner.attach`
+them and read on. A directly spawned child ends with its daemon.
 """
 
 from __future__ import annotations
@@ -26,8 +31,32 @@ EXIT_UNKNOWN = 255
 DEFAULT_OUTPUT_CAP = 1024 * 1024
 
 
+@attrs.frozen
+class Replay:
+    """Where a child's stdout stream starts for this daemon, in bytes since the child's
+    first: ``start`` is the offset of the first byte it reads, ``end`` how far the child
+    had written when it was handed over (``start == end``: nothing to replay), and
+    ``complete`` is False when output the previous daemon had not acked was dropped."""
+
+    start: int = 0
+    end: int = 0
+    complete: bool = True
+
+
+@attrs.frozen
+class Orphan:
+    """A child a previous daemon left running (or that exited since), as `adopt` found it."""
+
+    child_id: int
+    pid: int
+    tag: str
+    meta: dict[str, Any]
+    returncode: int | None
+    replay: Replay
+
+
 class Child(Protocol):
-    """A long-lived child in its own process group; the daemon reads its pipes directly."""
+    """A long-lived child in its own process group."""
 
     @property
     def pid(self) -> int: ...
@@ -42,9 +71,28 @@ class Child(Protocol):
     @property
     def scope(self) -> str | None:
         """The systemd scope unit (without ``.scope``) the child runs in, if any."""
+    @property
+    def replay(self) -> Replay: ...
+    @property
+    def meta(self) -> dict[str, Any]:
+        """What the daemon that started the child said it is (`spawn`'s and `ack`'s meta)."""
+    @property
+    def detachable(self) -> bool:
+        """True when the child can outlive this daemon (a spawner's child)."""
+    @property
+    def spawner_lost(self) -> bool:
+        """True once the spawner that relayed its output died (it is then stopped)."""
     async def wait(self) -> int: ...
     async def signal(self, sig: SignalName) -> None:
         """Signal the child's whole process group; a child already gone is fine."""
+    async def ack(self, offset: int, meta: dict[str, Any] | None = None) -> None:
+        """Its stdout before ``offset`` is committed and need not be replayed; ``meta``
+        (if given) replaces what the next daemon will be told. A no-op where nothing
+        outlives the daemon. Raises SpawnerError."""
+    async def close_stdin(self) -> None:
+        """End the child's input (its own way to stop), wherever stdin is held."""
+    def detach(self) -> None:
+        """Let go of the child without stopping it: close this daemon's descriptors."""
 
 
 @attrs.frozen
@@ -69,10 +117,31 @@ class SpawnerStatistics:
 
 class Spawner(Protocol):
     async def spawn(
-        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "", scope: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        tag: str = "",
+        scope: str | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> Child:
         """Start a long-lived child in its own process group; with ``scope``, also in that
-        transient systemd scope where systemd works (`Child.scope` says if it does)."""
+        transient systemd scope where systemd works (`Child.scope` says if it does).
+        ``meta`` tells a later daemon what the child is (`Orphan.meta`)."""
+        ...
+
+    async def adopt(self) -> list[Orphan]:
+        """Take over the children a previous daemon on this state dir left (none where
+        nothing outlives a daemon). Others' children are never touched."""
+        ...
+
+    async def attach(self, orphan: Orphan) -> Child:
+        """Pipes to an adopted child: its stdout from `Replay.start`. Raises SpawnerError."""
+        ...
+
+    async def stop_orphan(self, orphan: Orphan) -> None:
+        """Stop an adopted child this daemon will not attach to (TERM, then KILL). Bounded."""
         ...
 
     async def run(

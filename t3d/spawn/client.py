@@ -3,14 +3,20 @@
 Requests carry ids; one reader task matches replies to waiting requests,
 collects the descriptors that arrive beside frames (SCM_RIGHTS, close-on-exec)
 and routes exit events to children. When the connection ends, every waiting
-request fails with `SidecarLostError` and every child of this connection is
-watched through its pidfd instead (its exit status is then `EXIT_UNKNOWN`).
+request fails with `SidecarLostError`.
 
 Rules:
-- A spawn reply becomes a `SidecarChild` in the reader task itself, so the
-  child's exit event (which the spawner sends after the reply) always finds it.
+- A spawn or attach reply becomes a `SidecarChild` in the reader task itself, so
+  the child's exit event always finds it (an exit that comes first, for a child
+  adopted and not yet attached, is kept for the attach).
+- The spawner gone, its children's output has nowhere to go: each live child of the
+  connection is stopped (TERM, then KILL; found through its pidfd, so a reused pid
+  is never signalled), marked `spawner_lost`, and its exit status is `EXIT_UNKNOWN`.
+  A connection the daemon closes itself (`close`, when it detaches at shutdown)
+  leaves its children running for the next daemon.
 - Bounded: descriptors waiting for their frame are at most `MAX_PENDING_FDS`;
-  more (a confused peer) ends the connection.
+  more (a confused peer) ends the connection; early exits kept are at most
+  `MAX_EARLY_EXITS`.
 """
 
 from __future__ import annotations
@@ -31,14 +37,17 @@ import trio
 
 from spawner.protocol import FrameDecoder, FrameError, encode_frame
 from t3d.errors import SpawnerError
-from t3d.spawn.child import EXIT_UNKNOWN, SignalName
+from t3d.spawn.child import EXIT_UNKNOWN, Replay, SignalName
 
 log = logging.getLogger("t3d.spawn")
 
 MAX_PENDING_FDS = 64
+MAX_EARLY_EXITS = 4096
 _ANCILLARY = socket.CMSG_SPACE(MAX_PENDING_FDS * array.array("i").itemsize)
 # After a child's pidfd says it has exited, how long its exit event may take to arrive.
 EXIT_EVENT_WAIT_S = 2.0
+# A child whose spawner died: seconds between TERM and KILL.
+LOST_KILL_AFTER_S = 3.0
 
 
 class SidecarLostError(SpawnerError):
@@ -46,9 +55,19 @@ class SidecarLostError(SpawnerError):
 
 
 class SidecarChild:
-    """A long-lived child of the spawner; its pipes and pidfd are ours."""
+    """A long-lived child of the spawner: our dup of its stdin, the read ends of its relay
+    pipes, and a pidfd."""
 
-    def __init__(self, conn: SidecarConnection, child_id: int, pid: int, fds: list[int]) -> None:
+    def __init__(
+        self,
+        conn: SidecarConnection,
+        child_id: int,
+        pid: int,
+        fds: list[int],
+        *,
+        replay: Replay | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         self._conn = conn
         self.child_id = child_id
         self.pid = pid
@@ -59,6 +78,10 @@ class SidecarChild:
         self.scope: str | None = None
         self.returncode: int | None = None
         self._exited = trio.Event()
+        self.replay = replay or Replay()
+        self.meta: dict[str, Any] = dict(meta or {})
+        self.detachable = True
+        self.spawner_lost = False
 
     def on_exit(self, returncode: int) -> None:
         if self.returncode is None:
@@ -99,9 +122,41 @@ class SidecarChild:
             with contextlib.suppress(SidecarLostError):
                 await self._conn.request({"op": "signal", "child": self.child_id, "signal": sig})
                 return
+        self._killpg(sig)
+
+    def _killpg(self, sig: SignalName) -> None:
         if self._alive():  # the spawner is gone; the pidfd says the group id is still this child's
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, getattr(signal, "SIG" + sig))
+
+    async def ack(self, offset: int, meta: dict[str, Any] | None = None) -> None:
+        message: dict[str, Any] = {"op": "ack", "child": self.child_id, "offset": offset}
+        if meta is not None:
+            self.meta = {**self.meta, **meta}
+            message["meta"] = self.meta
+        await self._conn.request(message)
+
+    async def close_stdin(self) -> None:
+        await self.stdin.aclose()
+        if not self._conn.closed.is_set():
+            with contextlib.suppress(SpawnerError):
+                await self._conn.request({"op": "close_stdin", "child": self.child_id})
+
+    def detach(self) -> None:
+        for stream in (self.stdin, self.stdout, self.stderr):
+            stream.close()
+
+    async def stop_after_spawner_loss(self) -> None:
+        """The spawner died: nothing relays this child's output any more; stop it."""
+        self.spawner_lost = True
+        if self.returncode is not None or not self._alive():
+            return
+        log.warning("pid %d lost its spawner; stopping it", self.pid)
+        self._killpg("TERM")
+        with trio.move_on_after(LOST_KILL_AFTER_S):
+            await self._exited.wait()
+        if self.returncode is None:
+            self._killpg("KILL")
 
 
 class _Waiting:
@@ -122,6 +177,7 @@ class SidecarConnection:
         self._fds: deque[int] = deque()
         self._children: dict[int, SidecarChild] = {}
         self._exit_waiters: dict[int, trio.Event] = {}
+        self._early_exits: dict[int, int] = {}
         self.closed = trio.Event()
         self.close_reason = ""
 
@@ -160,16 +216,31 @@ class SidecarConnection:
 
     async def spawn(self, message: dict[str, Any]) -> SidecarChild:
         def make_child(reply: dict[str, Any], fds: list[int]) -> SidecarChild:
-            if len(fds) != 4:
-                raise FrameError(f"a spawn reply came with {len(fds)} descriptors, not 4")
-            child = SidecarChild(self, reply["child"], reply["pid"], fds)
+            child = self._child(reply, fds, SidecarChild(self, reply["child"], reply["pid"], fds, meta=message.get("meta")))
             scope = reply.get("scope")
             child.scope = scope if isinstance(scope, str) else None
-            self._children[child.child_id] = child
-            self._nursery.start_soon(child.watch_pidfd)
             return child
 
         child: SidecarChild = await self.request({**message, "op": "spawn"}, make_child)
+        return child
+
+    async def attach(self, child_id: int) -> SidecarChild:
+        def make_child(reply: dict[str, Any], fds: list[int]) -> SidecarChild:
+            replay = Replay(int(reply["start"]), int(reply["end"]), bool(reply["complete"]))
+            made = SidecarChild(self, child_id, reply["pid"], fds, replay=replay, meta=reply.get("meta") or {})
+            child = self._child(reply, fds, made)
+            if (code := self._early_exits.pop(child_id, None)) is not None:
+                child.on_exit(code)
+            return child
+
+        child: SidecarChild = await self.request({"op": "attach", "child": child_id}, make_child)
+        return child
+
+    def _child(self, reply: dict[str, Any], fds: list[int], child: SidecarChild) -> SidecarChild:
+        if len(fds) != 4:
+            raise FrameError(f"a {reply.get('op', 'spawn')} reply came with {len(fds)} descriptors, not 4")
+        self._children[child.child_id] = child
+        self._nursery.start_soon(child.watch_pidfd)
         return child
 
     def exit_waiter(self, child_id: int) -> trio.Event:
@@ -223,6 +294,8 @@ class SidecarConnection:
             child_id, returncode = message["child"], int(message["returncode"])
             if (child := self._children.pop(child_id, None)) is not None:
                 child.on_exit(returncode)
+            elif len(self._early_exits) < MAX_EARLY_EXITS:
+                self._early_exits[child_id] = returncode
             if (waiter := self._exit_waiters.pop(child_id, None)) is not None:
                 waiter.set()
             return
@@ -239,7 +312,7 @@ class SidecarConnection:
         waiting.reply = message
         waiting.done.set()
 
-    def _close(self, reason: str) -> None:
+    def _close(self, reason: str, *, lost: bool = True) -> None:
         if self.closed.is_set():
             return
         self.close_reason = reason
@@ -252,7 +325,11 @@ class SidecarConnection:
             waiting.done.set()  # reply None: the request raises SidecarLostError
         for event in self._exit_waiters.values():
             event.set()
-        self._children.clear()  # their pidfd watchers report their exits from now on
+        children, self._children = self._children, {}  # their pidfd watchers report their exits
+        if lost:
+            for child in children.values():
+                self._nursery.start_soon(child.stop_after_spawner_loss)
 
     def close(self) -> None:
-        self._close("the daemon closed the connection")
+        """Close the connection; the spawner keeps this connection's children as orphans."""
+        self._close("the daemon closed the connection", lost=False)

@@ -1,6 +1,8 @@
 """Spawning from the daemon itself: `T3D_PROCESS_SPAWNER=off`, or `auto` when the
 sidecar cannot start. Same interface and pool sizes as the sidecar; it exists
 for comparison in the benchmark and as a fallback, not as the normal path.
+Its children cannot outlive the daemon: they end with it (stdin closes), so a
+restart ends their turns (`server_restart`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ import trio
 
 from spawner.pools import FORGE_POOL, OTHER_POOL, available_cpus, default_git_pool
 from t3d.errors import SpawnerError
-from t3d.spawn.child import DEFAULT_OUTPUT_CAP, Pool, RunResult, SignalName, SpawnerStatistics
+from t3d.spawn.child import (
+    DEFAULT_OUTPUT_CAP,
+    Orphan,
+    Pool,
+    Replay,
+    RunResult,
+    SignalName,
+    SpawnerStatistics,
+)
 
 
 class DirectChild:
@@ -27,6 +37,10 @@ class DirectChild:
         self._process = process
         self.stdin, self.stdout, self.stderr = process.stdin, process.stdout, process.stderr
         self.scope: str | None = None  # the daemon never creates scopes itself
+        self.replay = Replay()
+        self.meta: dict[str, Any] = {}
+        self.detachable = False
+        self.spawner_lost = False
 
     @property
     def pid(self) -> int:
@@ -43,6 +57,15 @@ class DirectChild:
         if self._process.returncode is None:  # not yet reaped: the group id is still ours
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self._process.pid, getattr(signal, "SIG" + sig))
+
+    async def ack(self, offset: int, meta: dict[str, Any] | None = None) -> None:
+        return  # nothing outlives this daemon, so nothing is kept for the next
+
+    async def close_stdin(self) -> None:
+        await self.stdin.aclose()
+
+    def detach(self) -> None:
+        return  # not detachable: the daemon's exit ends the child (its stdin closes)
 
 
 class DirectSpawner:
@@ -68,9 +91,25 @@ class DirectSpawner:
             raise SpawnerError(f"could not start {argv[0]!r}: {exc.strerror or exc}") from exc
 
     async def spawn(
-        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "", scope: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        tag: str = "",
+        scope: str | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> DirectChild:
         return DirectChild(await self._open(argv, cwd, env, subprocess.PIPE))
+
+    async def adopt(self) -> list[Orphan]:
+        return []
+
+    async def attach(self, orphan: Orphan) -> DirectChild:
+        raise SpawnerError("the daemon starts processes itself (T3D_PROCESS_SPAWNER=off): it cannot attach to others")
+
+    async def stop_orphan(self, orphan: Orphan) -> None:
+        return
 
     async def run(
         self,

@@ -3,13 +3,18 @@
 At boot the daemon connects to the spawner socket in its state dir (a spawner
 started by systemd socket activation, or one a previous daemon left running);
 if nothing answers, it starts `python -m spawner` once, as its only child.
-Children a previous daemon left behind are adopted and stopped: their turns
-already have a terminal record (`interrupted`, `server_restart`) from the
-store's restart recovery, so nothing runs without a record.
+Agents a previous daemon on this state dir left running are the daemon's to
+`adopt` and `attach` (restart recovery, `t3d/reattach.py`); agents of other
+state dirs are never touched. Every agent is spawned with ``meta`` naming this
+state dir and with the reattach window as its orphan grace, so it outlives a
+daemon that goes away without stopping it (`aclose(stop=False)`) for that long.
+A spawner the daemon started outlives it too, and exits by itself once it has
+had neither a daemon nor children for `IDLE_EXIT_S`.
 
 If the spawner dies, waiting requests fail with `SpawnerError` (read-only
-`run` requests are retried once), running agents keep their pipes (the
-daemon holds them), and the spawner is restarted with backoff.
+`run` requests are retried once), running agents are stopped (nothing relays
+their output any more; `t3d/spawn/client.py`) and their turns end, and the
+spawner is restarted with backoff.
 
 `T3D_PROCESS_SPAWNER`: ``auto`` falls back to `DirectSpawner` with a warning
 when the sidecar cannot start; ``required`` refuses to start without it;
@@ -24,7 +29,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +40,15 @@ import spawner as spawner_package
 from spawner.protocol import b64, unb64
 from t3d.config import Settings
 from t3d.errors import SpawnerError
-from t3d.spawn.child import DEFAULT_OUTPUT_CAP, Pool, RunResult, Spawner, SpawnerStatistics
+from t3d.spawn.child import (
+    DEFAULT_OUTPUT_CAP,
+    Orphan,
+    Pool,
+    Replay,
+    RunResult,
+    Spawner,
+    SpawnerStatistics,
+)
 from t3d.spawn.client import SidecarChild, SidecarConnection, SidecarLostError
 from t3d.spawn.direct import DirectSpawner
 
@@ -66,8 +79,9 @@ class SidecarSpawner:
 
     # -- starting and keeping the sidecar ---------------------------------------------------
 
-    async def start(self) -> None:
-        """Connect to the spawner, starting it if nothing answers; stop orphans. Raises SpawnerError."""
+    async def start(self, *, first: bool = True) -> None:
+        """Connect to the spawner, starting it if nothing answers; after a lost spawner
+        (not ``first``), stop what it still runs for this state dir. Raises SpawnerError."""
         if len(self._path.encode()) > MAX_SOCKET_PATH:
             raise SpawnerError(f"the spawner socket path {self._path} is over {MAX_SOCKET_PATH} bytes; use a shorter --state-dir")
         try:
@@ -78,7 +92,8 @@ class SidecarSpawner:
             log.info("using the spawner already listening on %s", self._path)
         try:
             self.pid = (await conn.request({"op": "ping"}))["pid"]
-            await self._stop_orphans(conn)
+            if not first:
+                await self._stop_orphans(conn)
         except SpawnerError:
             conn.close()
             raise
@@ -89,7 +104,10 @@ class SidecarSpawner:
         if self._process is not None and self._process.returncode is None:
             with trio.move_on_after(1.0):
                 await self._process.wait()  # a spawner we started that stopped answering: reap it
-        argv = [sys.executable, "-S", "-m", "spawner", "--socket", self._path, "--idle-exit", str(IDLE_EXIT_S)]
+        argv = [
+            sys.executable, "-S", "-m", "spawner", "--socket", self._path, "--idle-exit", str(IDLE_EXIT_S),
+            "--orphan-grace", str(self._settings.agent_reattach_window),
+        ]
         if self._settings.spawner_git_pool is not None:
             argv += ["--git-pool", str(self._settings.spawner_git_pool)]
         if self._settings.spawner_forge_pool is not None:
@@ -118,23 +136,55 @@ class SidecarSpawner:
             raise SpawnerError(f"the spawner exited with status {self._process.returncode} at start (its log is above)")
         raise SpawnerError(f"the spawner did not listen on {self._path} within {START_TIMEOUT_S:g} s")
 
+    def _match(self) -> dict[str, Any]:
+        return {"state_dir": str(self._settings.state_dir)}
+
     async def _stop_orphans(self, conn: SidecarConnection) -> None:
-        adopted = (await conn.request({"op": "adopt"}))["children"]
-        if not adopted:
-            return
-        waiters = {c["child"]: conn.exit_waiter(c["child"]) for c in adopted}
+        """After a reconnect: this state dir's children that connection left are stopped
+        (their turns ended when the connection broke)."""
+        adopted = (await conn.request({"op": "adopt", "match": self._match()}))["children"]
         for child in adopted:
             log.warning(
-                "stopping %s (pid %d, %s) left running by a previous daemon; its turn was recorded as interrupted",
+                "stopping %s (pid %d, %s), left by a broken spawner connection",
                 child["argv0"], child["pid"], child["tag"] or "no tag",
             )
-            await conn.request({"op": "signal", "child": child["child"], "signal": "TERM"})
+        await self._stop(conn, [c["child"] for c in adopted if c.get("returncode") is None])
+
+    async def _stop(self, conn: SidecarConnection, child_ids: list[int]) -> None:
+        waiters = {child_id: conn.exit_waiter(child_id) for child_id in child_ids}
+        for child_id in child_ids:
+            await conn.request({"op": "signal", "child": child_id, "signal": "TERM"})
         with trio.move_on_after(ORPHAN_STOP_GRACE_S):
             for event in waiters.values():
                 await event.wait()
         for child_id, event in waiters.items():
             if not event.is_set():
                 await conn.request({"op": "signal", "child": child_id, "signal": "KILL"})
+
+    async def adopt(self) -> list[Orphan]:
+        conn = await self._connection()
+        adopted = (await conn.request({"op": "adopt", "match": self._match()}))["children"]
+        return [
+            Orphan(
+                child_id=c["child"],
+                pid=c["pid"],
+                tag=c.get("tag") or "",
+                meta=c.get("meta") or {},
+                returncode=c.get("returncode"),
+                replay=Replay(int(c["start"]), int(c["end"]), bool(c["complete"])),
+            )
+            for c in adopted
+        ]
+
+    async def attach(self, orphan: Orphan) -> SidecarChild:
+        conn = await self._connection()
+        return await conn.attach(orphan.child_id)
+
+    async def stop_orphan(self, orphan: Orphan) -> None:
+        if orphan.returncode is not None:
+            return
+        with contextlib.suppress(SpawnerError):
+            await self._stop(await self._connection(), [orphan.child_id])
 
     async def supervise(self) -> None:
         """Restart the spawner with backoff whenever its connection ends."""
@@ -147,20 +197,24 @@ class SidecarSpawner:
             for attempt in range(1_000_000):
                 await trio.sleep(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)])
                 try:
-                    await self.start()
+                    await self.start(first=False)
                     break
                 except SpawnerError as exc:
                     log.error("could not restart the spawner: %s", exc)
             self.restarts += 1
 
-    async def aclose(self) -> None:
-        """Close the connection; stop the spawner if this daemon started it. Bounded."""
+    async def aclose(self, *, stop: bool = True) -> None:
+        """Close the connection; with ``stop``, also stop the spawner if this daemon started
+        it (else it keeps the agents for the next daemon, and exits once idle). Bounded."""
         self._closing = True
         with trio.CancelScope(shield=True):
             if self._conn is not None:
                 self._conn.close()
             process = self._process
             if process is None:
+                return
+            if not stop:
+                log.info("leaving the spawner (pid %d) running with its agents", process.pid)
                 return
             if process.returncode is None:
                 process.send_signal(signal.SIGTERM)
@@ -182,10 +236,20 @@ class SidecarSpawner:
     # -- the Spawner interface ------------------------------------------------------------
 
     async def spawn(
-        self, argv: Sequence[str], *, cwd: str, env: Mapping[str, str], tag: str = "", scope: str | None = None
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        tag: str = "",
+        scope: str | None = None,
+        meta: dict[str, Any] | None = None,
     ) -> SidecarChild:
         conn = await self._connection()
-        message: dict[str, Any] = {"argv": list(argv), "cwd": cwd, "env": dict(env), "tag": tag}
+        message: dict[str, Any] = {
+            "argv": list(argv), "cwd": cwd, "env": dict(env), "tag": tag,
+            "meta": {**(meta or {}), **self._match()}, "orphan_grace": self._settings.agent_reattach_window,
+        }
         if scope is not None:
             message["scope"] = scope
         return await conn.spawn(message)
@@ -239,7 +303,9 @@ class SidecarSpawner:
 
 
 @contextlib.asynccontextmanager
-async def open_spawner(settings: Settings) -> AsyncIterator[Spawner]:
+async def open_spawner(settings: Settings, stop_at_exit: Callable[[], bool] = lambda: True) -> AsyncIterator[Spawner]:
+    """The daemon's spawner. At exit, ``stop_at_exit()`` says whether a spawner this daemon
+    started is stopped (with every agent) or left running for the next daemon."""
     direct = DirectSpawner(git_pool=settings.spawner_git_pool, forge_pool=settings.spawner_forge_pool)
     if settings.process_spawner == "off":
         log.info("T3D_PROCESS_SPAWNER=off: the daemon starts processes itself")
@@ -264,7 +330,7 @@ async def open_spawner(settings: Settings) -> AsyncIterator[Spawner]:
                 log.warning("the spawner sidecar is unavailable (%s); the daemon starts processes itself", failure)
                 yield direct
         finally:
-            await sidecar.aclose()
+            await sidecar.aclose(stop=stop_at_exit())
             shielded.scope.cancel()
             nursery.cancel_scope.cancel()
     if failure is not None and settings.process_spawner == "required":

@@ -13,6 +13,8 @@ import apsw
 import attrs
 import orjson
 
+from t3d.domain.codec import converter
+from t3d.domain.model import RuntimeRequest, Turn, TurnItem
 from t3d.store.commit import SHELL_SQL, shell_payload
 from t3d.store.read_classes import ReadClass
 from t3d.store.schema import TERMINAL
@@ -265,3 +267,86 @@ def decode_thread_context(raw: tuple[bytes, bytes, str | None] | None) -> tuple[
     if raw is None:
         return None
     return orjson.loads(raw[0]), orjson.loads(raw[1]), raw[2]
+
+
+# --- restart: agents that outlived the last daemon -------------------------------------
+
+
+def reattachable_sessions_query(conn: apsw.Connection) -> list[tuple[str, str]]:
+    """(session id, thread id) of every session not recorded exited whose thread still
+    exists and is not archived: the only agents a restarted daemon takes over."""
+    return [
+        (session_id, thread_id)
+        for session_id, thread_id in conn.execute(
+            "SELECT s.id, s.thread_id FROM sessions s JOIN threads t ON t.id = s.thread_id "
+            "WHERE s.status != 'exited' AND json_extract(t.body, '$.archived_at') IS NULL"
+        )
+    ]
+
+
+def decode_pairs(rows: list[tuple[str, str]]) -> dict[str, str]:
+    return dict(rows)
+
+
+@attrs.frozen
+class ReattachRaw:
+    context: tuple[bytes, bytes, str | None] | None
+    turn: bytes | None
+    user: bytes | None
+    requests: list[bytes]
+    items: list[bytes]
+
+
+def reattach_context_query(thread_id: str):  # type: ignore[no-untyped-def]
+    """A thread's context (as `thread_context_query`) and its active turn, if any, with
+    that turn's prompt, requests (any status) and items."""
+    context_query = thread_context_query(thread_id)
+
+    def query(conn: apsw.Connection) -> ReattachRaw:
+        context = context_query(conn)
+        turns = _bodies(
+            conn,
+            "SELECT body FROM turns WHERE thread_id = ? AND status IN ('starting', 'running', 'waiting') "
+            "ORDER BY ordinal LIMIT 1",
+            (thread_id,),
+        )
+        if not turns:
+            return ReattachRaw(context, None, None, [], [])
+        turn_id = orjson.loads(turns[0])["id"]
+        user = _bodies(conn, "SELECT body FROM items WHERE id = ?", (f"{turn_id}:user",))
+        return ReattachRaw(
+            context,
+            turns[0],
+            user[0] if user else None,
+            _bodies(conn, "SELECT body FROM requests WHERE turn_id = ?", (turn_id,)),
+            _bodies(conn, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,)),
+        )
+
+    return query
+
+
+@attrs.frozen
+class ReattachContext:
+    thread: Any
+    project: Any
+    resume: str | None
+    turn: Turn | None
+    user_text: str
+    requests: tuple[RuntimeRequest, ...]
+    items: tuple[TurnItem, ...]
+
+
+def decode_reattach_context(raw: ReattachRaw) -> ReattachContext | None:
+    context = decode_thread_context(raw.context)
+    if context is None:
+        return None
+    user = orjson.loads(raw.user) if raw.user is not None else {}
+    return ReattachContext(
+        thread=context[0],
+        project=context[1],
+        resume=context[2],
+        turn=None if raw.turn is None else converter.structure(orjson.loads(raw.turn), Turn),
+        user_text=user.get("text") or "",
+        requests=tuple(converter.structure(orjson.loads(b), RuntimeRequest) for b in raw.requests),
+        items=tuple(converter.structure(orjson.loads(b), TurnItem) for b in raw.items),
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -107,14 +107,27 @@ def _connect_writer(path: str, synchronous: str, busy_timeout_ms: int = BUSY_TIM
     return conn
 
 
-def _supersede_outbox(conn: apsw.Connection, now: float) -> None:
+# Effects for a thread whose agent outlived the last daemon that still run after a
+# restart (its session takes the open turn over itself, so a turn start is superseded).
+_KEPT_FOR_LIVE_AGENTS = ("InterruptProviderTurn", "AnswerProviderRequest", "StopProviderSession")
+
+
+def _supersede_outbox(conn: apsw.Connection, now: float, live_threads: Sequence[str] = ()) -> None:
     """Effects left from the last run are superseded by recovery's own decisions, except
-    the ones that stay open until finished (checkpoint captures): they run again."""
+    the ones that stay open until finished (checkpoint captures), and the interrupts,
+    answers and stops for threads whose agent is still alive: they run again."""
     kinds = tuple(cls.__name__ for cls in ev.DONE_WHEN_FINISHED)
+    live = tuple(live_threads)
+    spared = ""
+    if live:
+        spared = (
+            f" AND NOT (thread_id IN ({','.join('?' * len(live))})"
+            f" AND kind IN ({','.join('?' * len(_KEPT_FOR_LIVE_AGENTS))}))"
+        )
     with conn:
         conn.execute(
-            f"UPDATE outbox SET done_at = ? WHERE done_at IS NULL AND kind NOT IN ({','.join('?' * len(kinds))})",
-            (now, *kinds),
+            f"UPDATE outbox SET done_at = ? WHERE done_at IS NULL AND kind NOT IN ({','.join('?' * len(kinds))})" + spared,
+            (now, *kinds, *live, *(_KEPT_FOR_LIVE_AGENTS if live else ())),
         )
 
 
@@ -246,6 +259,27 @@ class Store:
         rows = await self._readers.read(q.thread_query(thread_id), q.decode_list, ReadClass.SMALL)
         return rows[0] if rows else None
 
+    async def reattachable_sessions(self) -> dict[str, str]:
+        """Session id -> thread id of the sessions a restarted daemon may take over."""
+        return await self._readers.read(q.reattachable_sessions_query, q.decode_pairs, ReadClass.SMALL)
+
+    async def reattach_context(self, thread_id: str) -> q.ReattachContext | None:
+        return await self._readers.read(q.reattach_context_query(thread_id), q.decode_reattach_context, ReadClass.SMALL)
+
+    async def recover_after_restart(self, live_sessions: frozenset[str] = frozenset()) -> None:
+        """Close what the last run left open, except the turns, requests and effects of the
+        threads whose agent is still alive (``live_sessions``: their session ids)."""
+        now = self._clock()
+        threads = await self.reattachable_sessions() if live_sessions else {}
+        keep = sorted({threads[s] for s in live_sessions if s in threads})
+        await self._writer.run(lambda conn: _supersede_outbox(conn, now, keep))
+        recovered = await self.execute(c.RecoverAfterRestart(tuple(sorted(live_sessions))))
+        if recovered.events:
+            log.info(
+                "restart recovery: %d thread(s) recovered, %d kept with their running agent, %d event(s)",
+                recovered.result["threads"], len(keep), len(recovered.events),
+            )
+
     async def thread_context(self, thread_id: str) -> tuple[Any, Any, str | None] | None:
         return await self._readers.read(q.thread_context_query(thread_id), q.decode_thread_context, ReadClass.SMALL)
 
@@ -281,13 +315,15 @@ async def open_store(
     busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     on_writer_lost: Callable[[BaseException | None], None],
     clock: Callable[[], float] = time.time,
+    recover: bool = True,
 ) -> AsyncIterator[Store]:
-    """Open (creating and migrating) the database, then run restart recovery.
-    ``batching=False`` commits each provider update in its own transaction;
-    ``synchronous`` is ``full`` or ``normal`` (schema.SYNCHRONOUS says what each costs);
-    ``busy_timeout_ms``: how long a write waits for another process's lock before it
-    counts as unavailable. A database that cannot take writes at start raises its
-    `DatabaseUnavailableError` (the daemon exits 1 naming the cause)."""
+    """Open (creating and migrating) the database, then run restart recovery (the daemon
+    passes ``recover=False`` and runs `Store.recover_after_restart` itself once it knows
+    which agents are still alive). ``batching=False`` commits each provider update in its
+    own transaction; ``synchronous`` is ``full`` or ``normal`` (schema.SYNCHRONOUS says
+    what each costs); ``busy_timeout_ms``: how long a write waits for another process's
+    lock before it counts as unavailable. A database that cannot take writes at start
+    raises its `DatabaseUnavailableError` (the daemon exits 1 naming the cause)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     writer = WriterThread(
         lambda: _connect_writer(os.fspath(path), synchronous, busy_timeout_ms),
@@ -303,11 +339,8 @@ async def open_store(
     pool = ReaderPool(os.fspath(path), readers)
     store = Store(path, writer, pool, clock, batching=batching)
     try:
-        now = clock()
-        await writer.run(lambda conn: _supersede_outbox(conn, now))
-        recovered = await store.execute(c.RecoverAfterRestart())
-        if recovered.events:
-            log.info("restart recovery: %d turn(s) closed, %d event(s)", recovered.result["threads"], len(recovered.events))
+        if recover:
+            await store.recover_after_restart()
         yield store
     finally:
         await writer.close()

@@ -230,6 +230,12 @@ class TurnMapper:
             return [TurnEnded("failed", error, reason, usage, e.total_cost_usd)]
         return [TurnEnded("completed", None, None, usage, e.total_cost_usd)]
 
+    def restore(self, items: tuple[TurnItem, ...]) -> None:
+        """Start from items already committed for this turn (a replay that lost the turn's
+        start), so later updates extend them instead of starting over."""
+        for item in items:
+            self._items.setdefault(item.id, item)
+
     def open_items(self) -> list[TurnItem]:
         """Items still streaming or running: closed by the driver when the turn ends abruptly."""
         return [i for i in self._items.values() if i.status in ("streaming", "running", "pending")]

@@ -8,6 +8,8 @@ Rules:
 - Bounded: only the last `STDERR_TAIL` bytes of stderr are kept.
 - `wait_exit` waits for stderr's EOF at most `STDERR_DRAIN_S` after the exit.
 - `stop` always completes: shielded, and bounded by TERM then KILL.
+- A process the session lets go of at shutdown (``detaching``) keeps running; its
+  exit, if it comes, is the next daemon's to record.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import deque
 
 import trio
 
+from t3d.providers.output import ProviderOutput
 from t3d.spawn.child import Child, stop_child
 
 STDERR_TAIL = 8 * 1024
@@ -27,6 +30,7 @@ STDERR_DRAIN_S = 1.0
 class ClaudeProcess:
     def __init__(self, process: Child, session_id: str, started_at: float) -> None:
         self.process = process
+        self.output = ProviderOutput(process)
         self.session_id = session_id
         self.started_at = started_at
         self._stderr_tail: deque[bytes] = deque()
@@ -38,6 +42,14 @@ class ClaudeProcess:
         self.force_stopped = False
         # Let go by the session on purpose (idle): its exit ends no turn.
         self.detached = False
+        # Stopped because its turn got no output for the silence timeout.
+        self.silenced = False
+        # Left running for the next daemon (this one is stopping): its exit is not ours.
+        self.detaching = False
+        # The turn last handed to the process and the stdout offset its output starts at
+        # (told to the spawner, for the next daemon: `Reattach`).
+        self.turn_id: object = None
+        self.turn_offset = 0
         self._stderr_closed = trio.Event()
         # Set once the session has handled (recorded) this process's exit, or given up on it.
         self.exit_handled = trio.Event()
@@ -71,7 +83,8 @@ class ClaudeProcess:
     async def stop(self) -> None:
         """Close stdin (the CLI's own way to end), then TERM and KILL if it lingers. Bounded."""
         with trio.CancelScope(shield=True):
-            await self.process.stdin.aclose()
+            with trio.move_on_after(2.0):
+                await self.process.close_stdin()
             with trio.move_on_after(2.0):
                 await self.process.wait()
             await stop_child(self.process, grace=3.0)

@@ -16,7 +16,19 @@ Rules:
 - A stop always completes: an interrupt the CLI does not honour within the
   interrupt timeout stops the process and the turn ends ``interrupted``.
 - A process that exits or crashes mid-turn ends the turn ``failed`` with the
-  stderr tail; the next turn starts a new process.
+  stderr tail; the next turn starts a new process. Its exit is what ends the turn,
+  not EOF on a pipe a grandchild may hold (`ProviderOutput`).
+- A turn whose CLI sends nothing for the silence timeout (no prompt pending) fails
+  (``provider_silent``) and the process is stopped.
+- Across a daemon restart (`Reattach`): before a turn's prompt is written, the
+  spawner is told the turn and its stdout offset (`Child.ack`, with ``meta``);
+  after the turn's end has committed, its output is acked. A session that detaches
+  at shutdown stops reading, lets its writes commit and leaves the process running;
+  the next daemon's session replays the open turn's output from its start (item
+  upserts make what was committed already a no-op), writing item states only once
+  per item until the replay is through, re-sends an answer the CLI may not have
+  received, and reads on live.
+- Bad provider lines are logged rate-limited (`LogLimiter`).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import functools
 import logging
 import math
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -56,7 +69,9 @@ from t3d.providers.claude.encode import (
 from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import parse_line
 from t3d.providers.coalesce import ItemCoalescer
-from t3d.providers.lines import LineBuffer, LineTooLong
+from t3d.providers.lines import LineTooLong
+from t3d.providers.log_limit import LogLimiter
+from t3d.providers.reattach import Reattach
 from t3d.spawn.child import Child, Spawner, stop_child
 
 log = logging.getLogger("t3d.providers.claude")
@@ -67,6 +82,10 @@ BeforeTurn = Callable[[str, int, str], Awaitable[None]]
 SEND_TIMEOUT_S = 30.0
 # How long a stopping session waits for its process's exit to be recorded.
 EXIT_RECORD_S = 5.0
+# Turn ids a session remembers having started (to drop a stale start effect).
+KNOWN_TURNS = 16
+# Item states held during a replay are written this many per command.
+HELD_BATCH = 64
 
 
 @attrs.frozen
@@ -89,6 +108,9 @@ class SessionSpec:
     scopes: bool = False
     # Awaited before each turn reaches the provider: (thread_id, turn ordinal, cwd).
     before_turn: BeforeTurn | None = None
+    # Seconds a turn's provider may send nothing (no prompt pending) before it is
+    # stopped and the turn fails (0 = never).
+    silence_timeout: float = 0.0
 
 
 class ClaudeSession:
@@ -114,33 +136,83 @@ class ClaudeSession:
         self._items = ItemCoalescer(self._record_items)
         self._control_ids = 0
         self._idle_since = math.inf
+        self._warnings = LogLimiter(log, f"thread {spec.thread_id}")
+        # Turns this session has started or taken over (a stale start effect is dropped).
+        self._known_turns: deque[str] = deque(maxlen=KNOWN_TURNS)
+        # Since when the running turn has waited for the provider (silence timeout).
+        self._quiet_since = math.inf
+        # Replay after a restart: lines ending at or before this offset are skipped;
+        # item states are held (latest per item, first-seen order) until the replay is
+        # through; tool calls whose results the replay showed.
+        self._skip_until = -1
+        self._held: dict[str, TurnItem] = {}
+        self._progressed: set[str] = set()
+        self._detaching = False
+        self._inbox_scope = trio.CancelScope()
+        # Asked when the session is cancelled (the daemon is stopping): leave the process
+        # running for the next daemon (if it can outlive this one) instead of stopping it.
+        self.detach_on_cancel: Callable[[], bool] = lambda: False
 
     # --- the inbox ---------------------------------------------------------------------
 
-    async def run(self, inbox: trio.MemoryReceiveChannel[ev.Effect]) -> None:
+    async def run(self, inbox: trio.MemoryReceiveChannel[ev.Effect], reattach: Reattach | None = None) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._items.run)
             if self.spec.idle_timeout > 0:
                 nursery.start_soon(self._run_idle_stopper)
+            if self.spec.silence_timeout > 0:
+                nursery.start_soon(self._run_silence_watch)
             try:
-                async for effect in inbox:
-                    if isinstance(effect, ev.StartProviderTurn):
-                        await self._start_turn(nursery, effect)
-                    elif isinstance(effect, ev.InterruptProviderTurn):
-                        await self._interrupt(nursery, effect)
-                    elif isinstance(effect, ev.AnswerProviderRequest):
-                        await self._answer(effect)
-                    elif isinstance(effect, ev.StopProviderSession):
-                        break
+                with self._inbox_scope:
+                    if reattach is not None:
+                        await self._reattach(nursery, reattach)
+                    async for effect in inbox:
+                        if isinstance(effect, ev.StartProviderTurn):
+                            await self._start_turn(nursery, effect)
+                        elif isinstance(effect, ev.InterruptProviderTurn):
+                            await self._interrupt(nursery, effect)
+                        elif isinstance(effect, ev.AnswerProviderRequest):
+                            await self._answer(effect)
+                        elif isinstance(effect, ev.StopProviderSession):
+                            break
+            except trio.Cancelled:
+                if self._proc is not None and self._proc.process.detachable and self.detach_on_cancel():
+                    self._detaching = True
+                raise
             finally:
                 proc = self._proc
-                if proc is not None:
+                if proc is not None and self._detaching:
+                    await self._let_go(proc)
+                elif proc is not None:
                     await proc.stop()
                     with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
                         await proc.exit_handled.wait()  # its reader records the exit first
+                self._warnings.flush()
                 nursery.cancel_scope.cancel()
 
+    def detach(self) -> None:
+        """Stop at once, leaving the process running for the next daemon (if it can
+        outlive this one: `Child.detachable`; else it is stopped). What was read is
+        committed; the open turn is the next daemon's to replay."""
+        proc = self._proc
+        self._detaching = proc is not None and proc.process.detachable
+        self._inbox_scope.cancel()
+
+    async def _let_go(self, proc: ClaudeProcess) -> None:
+        with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
+            proc.detaching = True
+            await proc.output.stop()
+            await proc.exit_handled.wait()
+            if self._turn is None:  # between turns everything read is settled: no replay
+                with contextlib.suppress(SpawnerError):
+                    await proc.process.ack(proc.output.offset, self._meta(proc))
+        proc.process.detach()
+        log.info("thread %s: left its %s process (pid %d) running", self.spec.thread_id, self.spec.provider, proc.process.pid)
+
     async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
+        if effect.turn_id in self._known_turns:  # started already (an effect of the last daemon)
+            return
+        self._known_turns.append(effect.turn_id)
         if self._turn is not None:  # the domain runs one turn at a time; never overlap
             log.warning(
                 "thread %s: turn %s started while %s runs",
@@ -149,12 +221,20 @@ class ClaudeSession:
                 self._turn.turn_id,
             )
         self._turn = TurnMapper(self.spec.thread_id, effect.turn_id, self._clock)
+        self._quiet_since = trio.current_time()
         if self.spec.before_turn is not None:  # the checkpoint baseline: before any edit
             await self.spec.before_turn(self.spec.thread_id, effect.ordinal, self.spec.cwd)
         try:
             if self._proc is None:
                 self._proc = await self._start_process(nursery)
-            await self._send(encode_user_message(effect.text, self._native_seen or ""))
+            proc = self._proc
+            # Shielded: a detach must not come between telling the spawner which turn the
+            # output is for and writing the prompt (the next daemon trusts the first).
+            with trio.CancelScope(shield=True):
+                offset = proc.output.offset
+                proc.turn_id, proc.turn_offset = effect.turn_id, offset
+                await proc.process.ack(offset, self._meta(proc))
+                await self._send(encode_user_message(effect.text, self._native_seen or ""))
         except (SpawnerError, ProviderError) as exc:
             await self._end_turn(
                 TurnEnded(
@@ -190,16 +270,9 @@ class ClaudeSession:
         request = self._requests.pop(effect.request_id, None)
         if request is None or self._proc is None:
             return
-        cli_request_id, data = request
-        if effect.decision in ("allow", "allow_session"):
-            line = encode_permission_allow(cli_request_id, data.get("input") or {})
-        else:
-            default = (
-                "Cancelled by the user." if effect.decision == "cancel" else "Denied by the user."
-            )
-            line = encode_permission_deny(cli_request_id, effect.message or default)
+        self._quiet_since = trio.current_time()
         with contextlib.suppress(ProviderError):
-            await self._send(line)
+            await self._send(_answer_line(request, effect.decision, effect.message))
 
     async def force_stop(self, grace: float) -> int | None:
         """Kill the provider's process group (TERM, ``grace`` seconds, KILL) and wait until
@@ -219,6 +292,116 @@ class ClaudeSession:
         """The running provider process, if any."""
         return None if self._proc is None else self._proc.process
 
+    # --- after a restart -------------------------------------------------------------------
+
+    async def _reattach(self, nursery: trio.Nursery, reattach: Reattach) -> None:
+        """Take over the process a previous daemon left; replay its open turn's output."""
+        child, meta = reattach.child, reattach.meta
+        session_id = str(meta.get("session_id") or uuid.uuid4().hex)
+        started_at = meta.get("started_at")
+        proc = ClaudeProcess(child, session_id, started_at if isinstance(started_at, float) else self._clock())
+        cost = meta.get("cost_so_far")
+        proc.cost_so_far = float(cost) if isinstance(cost, int | float) else 0.0
+        native = meta.get("native_session_id")
+        self._native_seen = native if isinstance(native, str) else None
+        proc.turn_id, proc.turn_offset = meta.get("turn_id"), reattach.turn_offset
+        self._proc = proc
+        turn = reattach.turn
+        if turn is not None and reattach.same_turn:
+            self._resume_turn(reattach, proc)
+        else:  # between turns, or the open turn never reached the process: skip the replay
+            self._skip_until = child.replay.end
+        log.info(
+            "thread %s: reattached to its %s process (pid %d), %d bytes to replay%s",
+            self.spec.thread_id, self.spec.provider, child.pid, child.replay.end - child.replay.start,
+            "" if turn is None else f", turn {turn.id} {turn.status}",
+        )
+        nursery.start_soon(proc.read_stderr)
+        nursery.start_soon(self._read_stdout, proc)
+        await proc.output.replayed.wait()
+        await self._flush_held()
+        self._idle_since = trio.current_time()
+        if turn is None:
+            return
+        if not reattach.same_turn:
+            text = reattach.user_text
+            await self._start_turn(nursery, ev.StartProviderTurn(self.spec.thread_id, turn.id, text, turn.ordinal))
+            return
+        if self._turn is None or self._turn.turn_id != turn.id:
+            return  # the replay ended it
+        if turn.status == "starting":
+            await self._commit(c.MarkTurnRunning(turn.id))
+        await self._resend_answers(reattach)
+        if self._turn.interrupt_requested:
+            nursery.start_soon(self._escalate_interrupt, self._turn, proc)
+
+    def _resume_turn(self, reattach: Reattach, proc: ClaudeProcess) -> None:
+        turn = reattach.turn
+        assert turn is not None
+        mapper = TurnMapper(self.spec.thread_id, turn.id, self._clock)
+        mapper.interrupt_requested = turn.interrupt_requested_at is not None
+        self._turn = mapper
+        self._known_turns.append(turn.id)
+        self._quiet_since = trio.current_time()
+        prefix = f"{turn.id}:"
+        for request in reattach.requests:  # so an answer reaches the CLI whatever the replay shows
+            if request.status == "pending" and request.id.startswith(prefix):
+                self._requests[request.id] = (request.id[len(prefix) :], dict(request.data or {}))
+        if reattach.complete:
+            self._skip_until = reattach.turn_offset
+            return
+        # The turn's start is gone from the replay: read on from the live point.
+        self._skip_until = reattach.child.replay.end
+        mapper.restore(reattach.items)
+        lost = reattach.child.replay.start - reattach.turn_offset
+        log.warning(
+            "thread %s: turn %s: %d bytes of its output from before the restart were dropped "
+            "(over the spawner's replay buffer); reading on from the live point",
+            self.spec.thread_id, turn.id, lost,
+        )
+        gap = TurnItem(
+            id=f"{turn.id}:replay-gap:{reattach.child.replay.start}",
+            thread_id=self.spec.thread_id,
+            turn_id=turn.id,
+            ordinal=0,
+            kind="error",
+            status="failed",
+            title="Output lost across a daemon restart",
+            text=(
+                f"t3d restarted while this turn ran and {lost} bytes of {self.spec.provider}'s output "
+                "were over the spawner's replay buffer; items from before the restart may be incomplete"
+            ),
+            data={"lost_bytes": lost},
+            updated_at=self._clock(),
+        )
+        self._held[gap.id] = gap
+
+    async def _resend_answers(self, reattach: Reattach) -> None:
+        """Answers the database has but the CLI may never have read (the daemon died first):
+        sent again when the replay shows the CLI still waiting."""
+        if not reattach.complete:
+            return
+        for request in reattach.requests:
+            pending = self._requests.get(request.id)
+            if request.status != "resolved" or pending is None or request.decision is None:
+                continue
+            if (pending[1].get("tool_use_id") or "") in self._progressed:
+                self._requests.pop(request.id, None)
+                continue
+            log.info("thread %s: answering request %s again after the restart", self.spec.thread_id, request.id)
+            self._requests.pop(request.id, None)
+            with contextlib.suppress(ProviderError):
+                await self._send(_answer_line(pending, request.decision, request.message))
+
+    async def _flush_held(self) -> None:
+        turn = self._turn
+        held, self._held = self._held, {}
+        if turn is None or not held:
+            return
+        items = tuple(held.values())
+        for start in range(0, len(items), HELD_BATCH):
+            await self._commit(c.RecordItems(turn.turn_id, items[start : start + HELD_BATCH]))
+
     # --- the process -------------------------------------------------------------------
 
     def _argv(self) -> list[str]:
@@ -231,17 +414,33 @@ class ClaudeSession:
         )
         return [argv[0], *prefix_args, *argv[1:]]
 
+    def _meta(self, proc: ClaudeProcess) -> dict[str, Any]:
+        """What the next daemon needs to know of this process (`Reattach`)."""
+        return {
+            "thread_id": self.spec.thread_id,
+            "provider": self.spec.provider,
+            "session_id": proc.session_id,
+            "started_at": proc.started_at,
+            "turn_id": proc.turn_id,
+            "turn_offset": proc.turn_offset,
+            "native_session_id": self._native_seen,
+            "cost_so_far": proc.cost_so_far,
+        }
+
     async def _start_process(self, nursery: trio.Nursery) -> ClaudeProcess:
         session_id = uuid.uuid4().hex
         scope = _scope_unit(self.spec.thread_id, session_id) if self.spec.scopes else None
+        started_at = self._clock()
+        meta = {"thread_id": self.spec.thread_id, "provider": self.spec.provider, "session_id": session_id, "started_at": started_at}
         process = await self._spawner.spawn(
             self._argv(),
             cwd=self.spec.cwd,
             env=self.spec.env,
             tag=f"thread {self.spec.thread_id}",
             scope=scope,
+            meta=meta,
         )
-        proc = ClaudeProcess(process, session_id, self._clock())
+        proc = ClaudeProcess(process, session_id, started_at)
         await self._record_session(proc, status="running")
         nursery.start_soon(proc.read_stderr)
         nursery.start_soon(self._read_stdout, proc)
@@ -277,19 +476,30 @@ class ClaudeSession:
             self._proc = None  # the next turn starts a new process (with --resume)
             await proc.stop()
 
+    async def _run_silence_watch(self) -> None:
+        """Stop the process of a turn that has had no output for `silence_timeout` seconds
+        while no prompt waits for the user."""
+        timeout = self.spec.silence_timeout
+        while True:
+            await trio.sleep(min(timeout / 4, 30.0))
+            proc, turn = self._proc, self._turn
+            if proc is None or turn is None or self._requests or proc.silenced:
+                continue
+            quiet = trio.current_time() - max(proc.output.last_output, self._quiet_since)
+            if quiet < timeout:
+                continue
+            log.warning(
+                "thread %s: %s sent nothing for %.0f s during turn %s; stopping it",
+                self.spec.thread_id, self.spec.provider, quiet, turn.turn_id,
+            )
+            proc.silenced = True
+            await stop_child(proc.process, grace=2.0)
+
     async def _read_stdout(self, proc: ClaudeProcess) -> None:
-        lines = LineBuffer()
         try:
-            try:
-                async for chunk in proc.process.stdout:
-                    for line in lines.feed(chunk):
-                        await self._on_line(line)
-                final = lines.eof()
-                if final is not None:
-                    await self._on_line(final)
-            except trio.ClosedResourceError:
-                pass
-            await self._on_exit(proc, await proc.wait_exit())
+            await proc.output.run(functools.partial(self._on_line, proc))
+            if not proc.detaching:
+                await self._on_exit(proc, await proc.wait_exit())
         finally:
             proc.exit_handled.set()
 
@@ -301,6 +511,7 @@ class ClaudeSession:
         ended = None if turn is None else self._exit_outcome(proc, code, stderr, turn)
         if ended is not None:
             self._adopt_native(ended)  # before the exit record, which stores it
+            await self._flush_held()
         await self._record_session(
             proc, status="exited", exit_code=code, stderr_tail=stderr or None
         )
@@ -311,36 +522,50 @@ class ClaudeSession:
         self, proc: ClaudeProcess, code: int, stderr: str, turn: TurnMapper
     ) -> TurnEnded:
         """How the running turn ends when its process exits before the turn's `result`."""
+        provider = self.spec.provider
         if proc.force_stopped:
-            ended = TurnEnded(
+            return TurnEnded(
                 "cancelled",
-                f"force-stopped by the user: {self.spec.provider}'s process group was killed",
+                f"force-stopped by the user: {provider}'s process group was killed",
                 "force_stop",
                 None,
                 None,
             )
-        elif proc.forced_stop:
-            ended = TurnEnded(
+        if proc.forced_stop:
+            return TurnEnded(
                 "interrupted",
-                f"{self.spec.provider} did not stop within {self.spec.interrupt_timeout:g} s of the interrupt; its process was stopped",
+                f"{provider} did not stop within {self.spec.interrupt_timeout:g} s of the interrupt; its process was stopped",
                 "interrupt_timeout",
                 None,
                 None,
             )
-        elif turn.interrupt_requested:
-            ended = TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
-        else:
-            detail = (
-                stderr.splitlines()[-1] if stderr else (turn.last_error or "no output on stderr")
-            )
-            ended = TurnEnded(
+        if turn.interrupt_requested:
+            return TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
+        if proc.silenced:
+            return TurnEnded(
                 "failed",
-                f"{self.spec.provider} exited with status {code} before the turn finished: {detail}",
-                "provider_exited",
+                f"{provider} sent nothing for {self.spec.silence_timeout:g} s, so its process was stopped "
+                "(--turn-silence-timeout); start a new turn to continue",
+                "provider_silent",
                 None,
                 None,
             )
-        return ended
+        if proc.process.spawner_lost:
+            return TurnEnded(
+                "failed",
+                f"the spawner died, so {provider}'s process was stopped; start a new turn to continue",
+                "spawner_lost",
+                None,
+                None,
+            )
+        detail = stderr.splitlines()[-1] if stderr else (turn.last_error or "no output on stderr")
+        return TurnEnded(
+            "failed",
+            f"{provider} exited with status {code} before the turn finished: {detail}",
+            "provider_exited",
+            None,
+            None,
+        )
 
     async def _record_session(
         self,
@@ -367,14 +592,16 @@ class ClaudeSession:
 
     # --- lines → domain ------------------------------------------------------------------
 
-    async def _on_line(self, line: bytes | LineTooLong) -> None:
+    async def _on_line(self, proc: ClaudeProcess, line: bytes | LineTooLong) -> None:
+        if proc.output.offset <= self._skip_until:
+            return  # replayed output from before the turn (or all of it, between turns)
         if isinstance(line, LineTooLong):
-            log.warning("thread %s: %s", self.spec.thread_id, line)
+            self._warnings.warning(str(line))
             return
         try:
             event = parse_line(line)
         except ProtocolError as exc:
-            log.warning("thread %s: ignored a provider line: %s", self.spec.thread_id, exc)
+            self._warnings.warning(f"ignored a provider line: {exc}")
             return
         if isinstance(
             event, ce.ControlRequested
@@ -385,23 +612,31 @@ class ClaudeSession:
             return
         if self._turn is None:
             return
+        replaying = proc.output.replaying
+        if replaying and isinstance(event, ce.UserMessage):
+            self._progressed.update(result.tool_use_id for result in event.tool_results)
+        elif not replaying and self._held:
+            await self._flush_held()
         for change in self._turn.feed(event):
-            await self._apply(change)
+            await self._apply(change, replaying=replaying)
 
     async def _send_quietly(self, line: bytes) -> None:
         with contextlib.suppress(ProviderError):
             await self._send(line)
 
-    async def _apply(self, change: Change) -> None:
+    async def _apply(self, change: Change, *, replaying: bool = False) -> None:
         turn = self._turn
         assert turn is not None
         if isinstance(change, ItemChanged):
-            if change.final:
+            if replaying:  # written once the replay is through (or before its next barrier)
+                self._held[change.item.id] = change.item
+            elif change.final:
                 self._items.forget((change.item.id,))
                 await self._commit(c.RecordItems(turn.turn_id, (change.item,)))
             else:
                 await self._items.stream(turn.turn_id, change.item)
         elif isinstance(change, PermissionAsked):
+            await self._flush_held()
             # Scoped by turn like item ids: the CLI's ids are unique per process only in
             # practice, and a replayed (or looping) recording repeats them.
             request_id = f"{turn.turn_id}:{change.request_id}"
@@ -412,7 +647,8 @@ class ClaudeSession:
         elif isinstance(change, SessionSeen):
             self._native_seen = change.native_session_id
         elif isinstance(change, TurnEnded):
-            await self._end_turn(change)
+            await self._flush_held()
+            await self._end_turn(change, acked=True)
 
     def _adopt_native(self, ended: TurnEnded) -> bool:
         """Resume the CLI's session from now on if this turn got an answer; True if that is news."""
@@ -423,7 +659,9 @@ class ClaudeSession:
         self._resume = self._native_seen
         return True
 
-    async def _end_turn(self, ended: TurnEnded) -> None:
+    async def _end_turn(self, ended: TurnEnded, *, acked: bool = False) -> None:
+        """End the turn; with ``acked`` (the CLI's own end of it), tell the spawner its
+        output is settled once the end has committed."""
         turn = self._turn
         if turn is None:
             return
@@ -453,7 +691,12 @@ class ClaudeSession:
         self._turn = None
         self._idle_since = trio.current_time()
         self._requests.clear()
+        self._progressed.clear()
         self._items.reset()
+        self._warnings.flush()
+        if acked and proc is not None:
+            with contextlib.suppress(SpawnerError):
+                await proc.process.ack(proc.output.offset, self._meta(proc))
 
     # --- commits ---------------------------------------------------------------------------
 
@@ -463,6 +706,14 @@ class ClaudeSession:
 
     async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
         await self._write(c.RecordItems(turn_id, items))
+
+
+def _answer_line(request: tuple[str, dict[str, Any]], decision: str, message: str | None) -> bytes:
+    cli_request_id, data = request
+    if decision in ("allow", "allow_session"):
+        return encode_permission_allow(cli_request_id, data.get("input") or {})
+    default = "Cancelled by the user." if decision == "cancel" else "Denied by the user."
+    return encode_permission_deny(cli_request_id, message or default)
 
 
 def _scope_unit(thread_id: str, session_id: str) -> str:
