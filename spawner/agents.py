@@ -16,7 +16,8 @@ Rules:
   from the child by then; ``complete``: nothing after the last ack was dropped).
 - `ack` forgets the output before an offset and may replace the child's ``meta``.
 - `adopt` hands a daemon the orphans whose ``meta`` has every key and value of its
-  ``match``: it owns them from then on; the others are left alone.
+  ``match``: it owns them from then on; the others are left alone, and so are orphans
+  already being stopped (their grace ran out).
 - Exits go to the owner as ``exit`` events (again after an attach to a child already
   gone). See `spawner.children` for when a child is forgotten and how orphans stop.
 """
@@ -187,9 +188,9 @@ class Agents:
         if match is not None and not isinstance(match, dict):
             raise p.FrameError("'match' must be an object of meta keys and values")
         with self.lock:
-            orphans = [
+            orphans = [  # not those being stopped for want of a daemon: too late for them
                 c for c in self.children.values()
-                if c.owner is None and all(c.meta.get(k) == v for k, v in (match or {}).items())
+                if c.owner is None and c.term_sent_at is None and all(c.meta.get(k) == v for k, v in (match or {}).items())
             ]
             for child in orphans:
                 child.owner, child.orphaned_at = conn, None

@@ -315,3 +315,83 @@ async def test_stderr_that_outlives_the_process_still_explains_the_exit(
         assert session["stderr_tail"].endswith("boom: out of cheese")
         assert len(session["stderr_tail"]) <= 8 * 1024  # only the tail is kept
         daemon.stop()
+
+
+async def test_a_cli_that_exits_while_its_grandchild_holds_stdout_ends_its_turn(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """The exit of the provider process ends the turn, not EOF on a pipe a detached
+    grandchild still holds (`sleep 90` here): the turn fails `provider_exited` within
+    seconds, and the thread's next turn runs on a new process instead of queueing."""
+    with trio.fail_after(30):
+        binary, _ = fake_claude(tmp_path, "orphan-grandchild")
+        daemon = await start_daemon(nursery, tmp_path / "state", claude_bin=binary)
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="claude")
+            with trio.fail_after(10):
+                outcome = await run_turn(client, thread_id, "start a helper")
+            assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_exited")
+            assert "status 1" in outcome.turn["error"], outcome.turn["error"]
+            after = await run_turn(client, thread_id, "hello again")
+            assert after.turn["status"] == "completed"
+            assert after.assistant_text == ["ok: hello again"]
+        daemon.stop()
+    _kill_sleepers(tmp_path)
+
+
+def _kill_sleepers(tmp_path: Path) -> None:
+    """The test's `sleep 90` grandchildren (started in the project directory)."""
+    import os
+    import signal as signals
+
+    cwd = str(project(tmp_path))
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                name = comm.read().strip()
+            if name == "sleep" and os.readlink(f"/proc/{pid}/cwd") == cwd:
+                os.kill(pid, signals.SIGKILL)
+        except OSError:
+            pass
+
+
+async def test_a_silent_provider_fails_its_turn_after_the_silence_timeout(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A CLI that sends nothing more mid-turn and never exits: after `turn_silence_timeout`
+    the turn fails (reason `provider_silent`, an error naming the setting), the process is
+    stopped, and the next turn runs on a new one."""
+    with trio.fail_after(30):
+        binary, _ = fake_claude(tmp_path, "silent")
+        daemon = await start_daemon(nursery, tmp_path / "state", claude_bin=binary, turn_silence_timeout=1)
+        async with open_client(daemon) as client:
+            seen = client.record_events()
+            thread_id = await new_thread(client, project(tmp_path), provider="claude")
+            outcome = await run_turn(client, thread_id, "think hard")
+            assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_silent")
+            assert "sent nothing for 1 s" in outcome.turn["error"]
+            assert "--turn-silence-timeout" in outcome.turn["error"]
+            after = await run_turn(client, thread_id, "hello")
+            assert after.turn["status"] == "completed"
+            assert len(sessions(seen)) == 2  # the silent process was stopped, a new one answered
+        daemon.stop()
+
+
+async def test_a_flood_of_garbage_lines_logs_a_few_warnings_and_a_summary(
+    tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """20,000 malformed provider lines in one turn: the first few are logged, the rest are
+    counted into one summary line (not a warning per line), and the turn still completes."""
+    with trio.fail_after(60):
+        binary, _ = fake_claude(tmp_path, "garbage-flood")
+        daemon = await start_daemon(nursery, tmp_path / "state", claude_bin=binary)
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="claude")
+            outcome = await run_turn(client, thread_id, "flood")
+            assert outcome.turn["status"] == "completed"
+            assert outcome.assistant_text == ["ok: flood"]
+        daemon.stop()
+    provider = [r for r in caplog.records if r.name == "t3d.providers.claude" and thread_id in r.getMessage()]
+    assert 5 <= len(provider) <= 7, [r.getMessage()[:80] for r in provider]
+    summaries = [r.getMessage() for r in provider if "more like that" in r.getMessage()]
+    assert len(summaries) == 1 and "19995 more like that" in summaries[0], summaries

@@ -43,10 +43,11 @@ def write_renamed_fixture(path: Path) -> None:
 
 async def test_kill_9_mid_turn_loses_nothing_and_recovers(tmp_path: Path) -> None:
     """kill -9 while turn 4 ("COUNT to 200 slowly") streams and another thread's turn waits on a
-    permission prompt: after a restart on the same state dir every event a subscriber saw is in
-    the database with the same payload, PRAGMA integrity_check is ok, both open turns are
-    ``interrupted`` with reason ``server_restart``, the pending request is ``expired``, nothing is
-    pending, and a new turn on the killed thread completes."""
+    permission prompt, with a reattach window of 0 (agents stop with their daemon): after a
+    restart on the same state dir every event a subscriber saw is in the database with the
+    same payload, PRAGMA integrity_check is ok, both open turns are ``interrupted`` with reason
+    ``server_restart``, the pending request is ``expired``, nothing is pending, and a new turn on
+    the killed thread completes. (Agents that outlive their daemon: tests/test_reattach.py.)"""
     state = tmp_path / "state"
     fixture_b = tmp_path / "renamed.jsonl"
     write_renamed_fixture(fixture_b)
@@ -58,6 +59,8 @@ async def test_kill_9_mid_turn_loses_nothing_and_recovers(tmp_path: Path) -> Non
         str(replay_fixtures.DEFAULT_FIXTURE),
         "--claude-bin",
         str(replay_fixtures.FAKE_CLAUDE),
+        "--agent-reattach-window",
+        "0",
     )
     env = base_env(T3D_REPLAY_FIXTURE=str(fixture_b), T3D_REPLAY_SPEED="0")
     seen: list[dict[str, Any]] = []
@@ -100,9 +103,8 @@ async def test_kill_9_mid_turn_loses_nothing_and_recovers(tmp_path: Path) -> Non
             assert daemon.process.returncode == -signal.SIGKILL
 
             async with serve(state, *flags, env=env) as daemon:
-                # The agents ended with their daemon (stdin EOF) or were stopped by the new
-                # one (it adopts what the spawner still runs); restart recovery gave their
-                # turns their records.
+                # The spawner stopped the agents when their daemon went (a window of 0);
+                # restart recovery gave their turns their records.
                 assert await wait_gone(pids, 5) == []
                 rows = await query(daemon.db_path, "SELECT sequence, kind, payload FROM events")
                 stored = {
@@ -134,13 +136,14 @@ async def test_kill_9_mid_turn_loses_nothing_and_recovers(tmp_path: Path) -> Non
         kill_leftovers(pids, state)
 
 
-async def test_sigterm_stops_cleanly_and_takes_the_providers_along(tmp_path: Path) -> None:
+async def test_sigterm_stops_cleanly_and_leaves_the_agents_for_the_reattach_window(tmp_path: Path) -> None:
     """SIGTERM, while a turn waits on a permission prompt, makes `t3d serve` exit with status 0
-    within a few seconds, logging why, and no provider process outlives it."""
+    within a few seconds, logging why; its agent keeps running under the spawner, and with no
+    daemon back it is stopped once the reattach window (2 s here) has passed."""
     pids: list[int] = []
     try:
         with trio.fail_after(30):
-            async with serve(tmp_path / "state") as daemon:
+            async with serve(tmp_path / "state", "--agent-reattach-window", "2") as daemon:
                 async with open_ws(daemon) as client:
                     thread_id = await new_thread(client, tmp_path)
                     assert (await run_turn(client, thread_id, READ)).turn["status"] == "completed"
@@ -153,19 +156,21 @@ async def test_sigterm_stops_cleanly_and_takes_the_providers_along(tmp_path: Pat
                         await daemon.process.wait()
                 assert daemon.process.returncode == 0, daemon.stderr_text()
                 assert "received SIGTERM; shutting down" in daemon.stderr_text()
-                assert await wait_gone(pids, 2) == []
+                assert "left its replay process" in daemon.stderr_text()
+                assert alive(pids[0])
+                assert await wait_gone(pids, 10) == []
     finally:
-        kill_leftovers(pids)
+        kill_leftovers(pids, tmp_path / "state")
 
 
 async def test_sigterm_with_many_sessions_exits_cleanly(tmp_path: Path) -> None:
-    """SIGTERM with many live sessions exits 0 and takes every provider along. (A benchmark
-    saw `t3d serve` exit 1 with a KeyError when sessions ended while `stop_all` awaited; the
-    race itself depends on timing this test does not force.)"""
+    """SIGTERM with many live sessions exits 0, and with a reattach window of 0 every provider
+    goes with it. (A benchmark saw `t3d serve` exit 1 with a KeyError when sessions ended while
+    `stop_all` awaited; the race itself depends on timing this test does not force.)"""
     pids: list[int] = []
     try:
         with trio.fail_after(40):
-            async with serve(tmp_path / "state") as daemon, open_ws(daemon) as client:
+            async with serve(tmp_path / "state", "--agent-reattach-window", "0") as daemon, open_ws(daemon) as client:
                 for _ in range(10):
                     thread_id = await new_thread(client, tmp_path)
                     assert (await run_turn(client, thread_id, READ)).turn["status"] == "completed"

@@ -208,9 +208,11 @@ class SidecarSpawner:
         it (else it keeps the agents for the next daemon, and exits once idle). Bounded."""
         self._closing = True
         with trio.CancelScope(shield=True):
+            process = self._process
+            if not stop and process is not None:
+                stop = not await self._has_children()  # nothing to keep: do not leave it behind
             if self._conn is not None:
                 self._conn.close()
-            process = self._process
             if process is None:
                 return
             if not stop:
@@ -223,6 +225,15 @@ class SidecarSpawner:
                 if process.returncode is None:
                     process.kill()
             await process.wait()
+
+    async def _has_children(self) -> bool:
+        conn = self._conn
+        if conn is None or conn.closed.is_set():
+            return False
+        with trio.move_on_after(2.0):
+            with contextlib.suppress(SpawnerError):
+                return bool((await conn.request({"op": "stats"}))["children"])
+        return True  # no answer in time: keep it, it may hold agents
 
     async def _connection(self) -> SidecarConnection:
         with trio.move_on_after(RECONNECT_WAIT_S):
