@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 import trio
-from harness import http, new_thread, run_turn
+from harness import http, new_thread, run_turn, wait_until
 from served import (
     Served,
     alive,
@@ -32,6 +33,9 @@ from served import (
 )
 
 import replay_fixtures
+from t3d.domain import commands as c
+from t3d.domain.events import AnswerProviderRequest
+from t3d.store.store import open_store
 
 READ, EDIT = "Please READ notes.txt", "Now EDIT notes.txt"
 RECORDED_EDIT_REQUEST = "37a06034-d329-44cb-8e0a-b8fa2e8f4446"
@@ -270,3 +274,81 @@ async def test_a_killed_spawner_stops_its_agents_and_the_daemon_carries_on(tmp_p
 
 def signal_pid(pid: int, sig: signal.Signals) -> None:
     os.kill(pid, sig)
+
+
+async def test_an_answer_the_cli_never_read_is_sent_again_after_the_restart(tmp_path: Path, project: Path) -> None:
+    """The daemon died after a prompt's answer was committed (its effect marked handed over)
+    but before the answer reached the CLI: the next daemon sees in the replay that the CLI
+    still waits on the prompt (no tool result after it), sends the answer again, and the turn
+    ends as it does without the restart."""
+    state = tmp_path / "state"
+    env = environment(tmp_path)
+    pids: list[int] = []
+    try:
+        with trio.fail_after(150):
+            expected = await control_outcome(tmp_path, project)
+            async with serve(state, *flags(), env=env) as first:
+                started = await start_turns(first, project)
+                pids = await provider_pids(first)
+                first.process.send_signal(signal.SIGKILL)
+                await first.process.wait()
+            await _answer_in_the_database_only(state / "t3d.sqlite", started.request)
+            async with serve(state, *flags(), env=env) as second:
+                await wait_terminal(second, list(started.turns.values()))
+                assert "answering request" in second.stderr_text()
+                got = await outcome(second, started)
+                assert got["<c:2>"] == expected["<c:2>"]
+                assert got == expected
+    finally:
+        kill_leftovers(pids, state)
+
+
+async def _answer_in_the_database_only(db: Path, request_id: str) -> None:
+    """As if the dead daemon had committed the answer and handed it to the session, which
+    never wrote it: resolve the request, and mark its effect done."""
+    async with open_store(db, on_writer_lost=lambda error: None, recover=False) as store:
+        await store.execute(c.RespondToRequest(request_id, "allow"))
+        effects = await store.pending_effects()
+        answers = [i for i, effect in effects if isinstance(effect, AnswerProviderRequest)]
+        assert len(answers) == 1
+        await store.mark_effects_done(answers)
+
+
+async def test_a_turn_whose_output_passed_the_replay_buffer_carries_on_from_the_live_point(
+    tmp_path: Path, project: Path
+) -> None:
+    """With a spawner whose replay buffer is smaller than a turn's output, a restart mid-turn
+    cannot replay the turn from its start: the new daemon reads on from the live point, keeps
+    what was committed, records the gap as an error item in the turn, and the turn completes."""
+    state = tmp_path / "state"
+    state.mkdir(parents=True)
+    env = environment(tmp_path)
+    socket_path = state / "spawner.sock"
+    spawner = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "spawner", "--socket", str(socket_path), "--replay-buffer", "4096", "--orphan-grace", "60"],
+        env=env,
+    )
+    pids: list[int] = []
+    try:
+        with trio.fail_after(90):
+            await wait_until(socket_path.exists)
+            async with serve(state, *flags(), env=env) as first:
+                started = await start_turns(first, project)
+                pids = await provider_pids(first)
+                first.process.send_signal(signal.SIGKILL)
+                await first.process.wait()
+            async with serve(state, *flags(), env=env) as second:
+                await answer_and_finish(second, started)
+                assert "were dropped" in second.stderr_text()
+                got = await outcome(second, started)
+                for role in ("a", "b"):
+                    turn = got[f"<{role}:1>"]
+                    assert turn["turn"]["status"] == "completed", turn
+                    [gap] = [i for i in turn["items"] if i["kind"] == "error"]
+                    assert gap["title"] == "Output lost across a daemon restart"
+                    assert gap["data"]["lost_bytes"] > 0
+                assert got["<c:2>"]["turn"]["status"] == "completed"
+    finally:
+        kill_leftovers(pids, state)
+        spawner.kill()
+        await spawner.wait()
