@@ -32,7 +32,7 @@ Start processes for the t3d daemon.
   --orphan-grace S     seconds a child whose daemon went away waits to be adopted
                        before it is stopped, unless its spawn says otherwise (default 60)
   --replay-buffer N    bytes of one child's output kept until its daemon acks them,
-                       4096-1073741824 (default {DEFAULT_REPLAY_BOUND})
+                       1024-1073741824 (default {DEFAULT_REPLAY_BOUND})
   --replay-budget N    bytes of output kept for all children together,
                        65536-17179869184 (default {DEFAULT_REPLAY_BUDGET})
   --idle-exit S        exit after S seconds with no daemon and no children (default: never)
@@ -47,7 +47,7 @@ _OPTIONS = {
     "--other-pool": (int, (1, 256)),
     "--orphan-grace": (float, (0, 86400)),
     "--idle-exit": (float, (0, 86400)),
-    "--replay-buffer": (int, (4096, 1 << 30)),
+    "--replay-buffer": (int, (1024, 1 << 30)),
     "--replay-budget": (int, (65536, 1 << 34)),
     "--log-level": (str, None),
 }

@@ -21,7 +21,8 @@ Rules (the policy at each bound):
   from the daemon's last ack any more, and says so.
 - Detached: the child is read until the buffer reaches its bound (or the budget is
   spent), then not at all: the agent waits on its pipe and nothing is lost.
-- A buffer may pass its bound by at most one read (`READ_CHUNK`).
+- The budget may be passed by at most one read (`READ_CHUNK`) per child; an attached
+  child's buffer may pass its own bound by the bytes not yet forwarded.
 - stderr (`TailRelay`) never holds the child up: it is always read, its last
   `STDERR_TAIL` bytes are kept and replayed first to a new sink, and at most
   `STDERR_PENDING` bytes wait for a slow sink (the oldest are dropped).
@@ -84,8 +85,9 @@ class OutputRelay:
     def read(self) -> bool:
         """One non-blocking read from the child; True at EOF (then `take_source`)."""
         assert self.source is not None
+        size = READ_CHUNK if self.sink is not None else max(1, min(READ_CHUNK, self.bound - len(self._buffer)))
         try:
-            data = os.read(self.source, READ_CHUNK)
+            data = os.read(self.source, size)
         except BlockingIOError:
             return False
         except OSError:

@@ -97,7 +97,9 @@ def start_serve(root: Path, env: dict[str, str]) -> Served:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if not k.startswith("T3D_")}, **extra}
+    """No T3D_ settings but one: agents stop with their daemon (none is left for later tests)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("T3D_")}
+    return {**env, "T3D_AGENT_REATTACH_WINDOW": "0", **extra}
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,8 @@ async def test_the_daemon_creates_no_process_after_start_up(tmp_path: Path) -> N
     env = base_env(T3D_AUDIT_LOG=str(audit))
     launcher = (str(FIXTURES / "audited_t3d.py"),)
     with trio.fail_after(60):
-        async with serve(tmp_path / "state", env=env, launcher=launcher) as daemon:
+        # A reattach window of 0: SIGTERM takes the agents and the spawner along.
+        async with serve(tmp_path / "state", "--agent-reattach-window", "0", env=env, launcher=launcher) as daemon:
             at_start = audit.read_text().splitlines()
             async with open_ws(daemon) as client:
                 threads = [await new_thread(client, tmp_path) for _ in range(3)]

@@ -325,7 +325,7 @@ async def test_a_turn_whose_output_passed_the_replay_buffer_carries_on_from_the_
     env = environment(tmp_path)
     socket_path = state / "spawner.sock"
     spawner = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "spawner", "--socket", str(socket_path), "--replay-buffer", "4096", "--orphan-grace", "60"],
+        [sys.executable, "-m", "spawner", "--socket", str(socket_path), "--replay-buffer", "1024", "--orphan-grace", "60"],
         env=env,
     )
     pids: list[int] = []

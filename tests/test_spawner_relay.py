@@ -108,19 +108,21 @@ async def test_a_detached_agent_is_held_at_the_bound_and_loses_nothing(tmp_path:
     """With nobody attached, the spawner reads an agent only until its replay buffer is
     full; the agent then waits on its pipe. A connection that attaches later reads every
     byte in order, and the replay is complete."""
-    script = "import os\nfor n in range(400):\n    os.write(1, b'%04d' % n + b'.' * 251 + b'\\n')\n"
-    total = 400 * 256
+    script = "import os\nfor n in range(2000):\n    os.write(1, b'%04d' % n + b'.' * 251 + b'\\n')\n"
+    total = 2000 * 256
     with trio.fail_after(30):
         async with running_spawner(tmp_path, "--replay-buffer", "8192") as path:
             async with connection(path) as first:
                 (await spawn(first, script)).detach()
             async with connection(path) as second:
                 await wait_until(lambda: _stats(second, "replay_bytes", 8192))
+                await trio.sleep(0.5)  # (the agent would have written on by now if it could)
+                assert (await second.request({"op": "stats"}))["replay_bytes"] == 8192
                 orphan = await adopt_one(second)
                 assert orphan["returncode"] is None  # blocked on its pipe, not done
                 child = await second.attach(int(orphan["child"]))  # type: ignore[call-overload]
                 data = await read_exactly(child, total)
-                assert data == b"".join(b"%04d" % n + b"." * 251 + b"\n" for n in range(400))
+                assert data == b"".join(b"%04d" % n + b"." * 251 + b"\n" for n in range(2000))
                 assert child.replay.complete and child.replay.start == 0
                 assert await child.wait() == 0
 

@@ -144,3 +144,11 @@ def build_argv(
         argv += ["--session-id", session_id]
     argv.extend(extra)
     return argv
+
+
+def encode_answer(cli_request_id: str, data: Mapping[str, Any], decision: str, message: str | None) -> bytes:
+    """The answer to a permission prompt, for a domain decision (allow, allow_session, deny, cancel)."""
+    if decision in ("allow", "allow_session"):
+        return encode_permission_allow(cli_request_id, data.get("input") or {})
+    default = "Cancelled by the user." if decision == "cancel" else "Denied by the user."
+    return encode_permission_deny(cli_request_id, message or default)

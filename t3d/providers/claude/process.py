@@ -15,13 +15,27 @@ Rules:
 from __future__ import annotations
 
 from collections import deque
+from typing import Protocol
 
 import trio
 
+from t3d.providers.claude.adapter import TurnEnded, TurnMapper
 from t3d.providers.output import ProviderOutput
 from t3d.spawn.child import Child, stop_child
 
 STDERR_TAIL = 8 * 1024
+
+
+class Limits(Protocol):
+    """The settings an exit report names (a `SessionSpec`)."""
+
+    @property
+    def provider(self) -> str: ...
+    @property
+    def interrupt_timeout(self) -> float: ...
+    @property
+    def silence_timeout(self) -> float: ...
+
 # After the process exits, how long its stderr may still take to reach EOF (a child
 # of the CLI can hold the pipe open) before the exit is reported without the rest.
 STDERR_DRAIN_S = 1.0
@@ -79,6 +93,29 @@ class ClaudeProcess:
         with trio.move_on_after(STDERR_DRAIN_S):
             await self._stderr_closed.wait()
         return code
+
+    def exit_outcome(self, spec: Limits, code: int, stderr: str, turn: TurnMapper) -> TurnEnded:
+        """How the running turn ends when this process exits before the turn's `result`."""
+        provider = spec.provider
+        if self.force_stopped:
+            return TurnEnded("cancelled", f"force-stopped by the user: {provider}'s process group was killed", "force_stop", None, None)
+        if self.forced_stop:
+            error = f"{provider} did not stop within {spec.interrupt_timeout:g} s of the interrupt; its process was stopped"
+            return TurnEnded("interrupted", error, "interrupt_timeout", None, None)
+        if turn.interrupt_requested:
+            return TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
+        if self.silenced:
+            error = (
+                f"{provider} sent nothing for {spec.silence_timeout:g} s, so its process was stopped "
+                "(--turn-silence-timeout); start a new turn to continue"
+            )
+            return TurnEnded("failed", error, "provider_silent", None, None)
+        if self.process.spawner_lost:
+            error = f"the spawner died, so {provider}'s process was stopped; start a new turn to continue"
+            return TurnEnded("failed", error, "spawner_lost", None, None)
+        detail = stderr.splitlines()[-1] if stderr else (turn.last_error or "no output on stderr")
+        error = f"{provider} exited with status {code} before the turn finished: {detail}"
+        return TurnEnded("failed", error, "provider_exited", None, None)
 
     async def stop(self) -> None:
         """Close stdin (the CLI's own way to end), then TERM and KILL if it lingers. Bounded."""

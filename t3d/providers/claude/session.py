@@ -60,14 +60,14 @@ from t3d.providers.claude.adapter import (
 )
 from t3d.providers.claude.encode import (
     build_argv,
+    encode_answer,
     encode_control_error,
     encode_interrupt,
-    encode_permission_allow,
-    encode_permission_deny,
     encode_user_message,
 )
 from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import parse_line
+from t3d.providers.claude.resume import ResumeAfterRestart
 from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
@@ -84,8 +84,6 @@ SEND_TIMEOUT_S = 30.0
 EXIT_RECORD_S = 5.0
 # Turn ids a session remembers having started (to drop a stale start effect).
 KNOWN_TURNS = 16
-# Item states held during a replay are written this many per command.
-HELD_BATCH = 64
 
 
 @attrs.frozen
@@ -113,7 +111,7 @@ class SessionSpec:
     silence_timeout: float = 0.0
 
 
-class ClaudeSession:
+class ClaudeSession(ResumeAfterRestart):
     def __init__(
         self,
         spec: SessionSpec,
@@ -121,6 +119,7 @@ class ClaudeSession:
         spawner: Spawner,
         clock: Callable[[], float],
     ) -> None:
+        super().__init__()
         self.spec = spec
         # Every write of this session, in order (a `WritePipeline`: updates are not waited
         # for one by one; a turn's end or a request waits for the updates before it).
@@ -141,12 +140,6 @@ class ClaudeSession:
         self._known_turns: deque[str] = deque(maxlen=KNOWN_TURNS)
         # Since when the running turn has waited for the provider (silence timeout).
         self._quiet_since = math.inf
-        # Replay after a restart: lines ending at or before this offset are skipped;
-        # item states are held (latest per item, first-seen order) until the replay is
-        # through; tool calls whose results the replay showed.
-        self._skip_until = -1
-        self._held: dict[str, TurnItem] = {}
-        self._progressed: set[str] = set()
         self._detaching = False
         self._inbox_scope = trio.CancelScope()
         # Asked when the session is cancelled (the daemon is stopping): leave the process
@@ -272,7 +265,7 @@ class ClaudeSession:
             return
         self._quiet_since = trio.current_time()
         with contextlib.suppress(ProviderError):
-            await self._send(_answer_line(request, effect.decision, effect.message))
+            await self._send(encode_answer(*request, effect.decision, effect.message))
 
     async def force_stop(self, grace: float) -> int | None:
         """Kill the provider's process group (TERM, ``grace`` seconds, KILL) and wait until
@@ -291,116 +284,6 @@ class ClaudeSession:
     def process(self) -> Child | None:
         """The running provider process, if any."""
         return None if self._proc is None else self._proc.process
-
-    # --- after a restart -------------------------------------------------------------------
-
-    async def _reattach(self, nursery: trio.Nursery, reattach: Reattach) -> None:
-        """Take over the process a previous daemon left; replay its open turn's output."""
-        child, meta = reattach.child, reattach.meta
-        session_id = str(meta.get("session_id") or uuid.uuid4().hex)
-        started_at = meta.get("started_at")
-        proc = ClaudeProcess(child, session_id, started_at if isinstance(started_at, float) else self._clock())
-        cost = meta.get("cost_so_far")
-        proc.cost_so_far = float(cost) if isinstance(cost, int | float) else 0.0
-        native = meta.get("native_session_id")
-        self._native_seen = native if isinstance(native, str) else None
-        proc.turn_id, proc.turn_offset = meta.get("turn_id"), reattach.turn_offset
-        self._proc = proc
-        turn = reattach.turn
-        if turn is not None and reattach.same_turn:
-            self._resume_turn(reattach, proc)
-        else:  # between turns, or the open turn never reached the process: skip the replay
-            self._skip_until = child.replay.end
-        log.info(
-            "thread %s: reattached to its %s process (pid %d), %d bytes to replay%s",
-            self.spec.thread_id, self.spec.provider, child.pid, child.replay.end - child.replay.start,
-            "" if turn is None else f", turn {turn.id} {turn.status}",
-        )
-        nursery.start_soon(proc.read_stderr)
-        nursery.start_soon(self._read_stdout, proc)
-        await proc.output.replayed.wait()
-        await self._flush_held()
-        self._idle_since = trio.current_time()
-        if turn is None:
-            return
-        if not reattach.same_turn:
-            text = reattach.user_text
-            await self._start_turn(nursery, ev.StartProviderTurn(self.spec.thread_id, turn.id, text, turn.ordinal))
-            return
-        if self._turn is None or self._turn.turn_id != turn.id:
-            return  # the replay ended it
-        if turn.status == "starting":
-            await self._commit(c.MarkTurnRunning(turn.id))
-        await self._resend_answers(reattach)
-        if self._turn.interrupt_requested:
-            nursery.start_soon(self._escalate_interrupt, self._turn, proc)
-
-    def _resume_turn(self, reattach: Reattach, proc: ClaudeProcess) -> None:
-        turn = reattach.turn
-        assert turn is not None
-        mapper = TurnMapper(self.spec.thread_id, turn.id, self._clock)
-        mapper.interrupt_requested = turn.interrupt_requested_at is not None
-        self._turn = mapper
-        self._known_turns.append(turn.id)
-        self._quiet_since = trio.current_time()
-        prefix = f"{turn.id}:"
-        for request in reattach.requests:  # so an answer reaches the CLI whatever the replay shows
-            if request.status == "pending" and request.id.startswith(prefix):
-                self._requests[request.id] = (request.id[len(prefix) :], dict(request.data or {}))
-        if reattach.complete:
-            self._skip_until = reattach.turn_offset
-            return
-        # The turn's start is gone from the replay: read on from the live point.
-        self._skip_until = reattach.child.replay.end
-        mapper.restore(reattach.items)
-        lost = reattach.child.replay.start - reattach.turn_offset
-        log.warning(
-            "thread %s: turn %s: %d bytes of its output from before the restart were dropped "
-            "(over the spawner's replay buffer); reading on from the live point",
-            self.spec.thread_id, turn.id, lost,
-        )
-        gap = TurnItem(
-            id=f"{turn.id}:replay-gap:{reattach.child.replay.start}",
-            thread_id=self.spec.thread_id,
-            turn_id=turn.id,
-            ordinal=0,
-            kind="error",
-            status="failed",
-            title="Output lost across a daemon restart",
-            text=(
-                f"t3d restarted while this turn ran and {lost} bytes of {self.spec.provider}'s output "
-                "were over the spawner's replay buffer; items from before the restart may be incomplete"
-            ),
-            data={"lost_bytes": lost},
-            updated_at=self._clock(),
-        )
-        self._held[gap.id] = gap
-
-    async def _resend_answers(self, reattach: Reattach) -> None:
-        """Answers the database has but the CLI may never have read (the daemon died first):
-        sent again when the replay shows the CLI still waiting."""
-        if not reattach.complete:
-            return
-        for request in reattach.requests:
-            pending = self._requests.get(request.id)
-            if request.status != "resolved" or pending is None or request.decision is None:
-                continue
-            if (pending[1].get("tool_use_id") or "") in self._progressed:
-                self._requests.pop(request.id, None)
-                continue
-            log.info("thread %s: answering request %s again after the restart", self.spec.thread_id, request.id)
-            self._requests.pop(request.id, None)
-            with contextlib.suppress(ProviderError):
-                await self._send(_answer_line(pending, request.decision, request.message))
-
-    async def _flush_held(self) -> None:
-        turn = self._turn
-        held, self._held = self._held, {}
-        if turn is None or not held:
-            return
-        items = tuple(held.values())
-        for start in range(0, len(items), HELD_BATCH):
-            await self._commit(c.RecordItems(turn.turn_id, items[start : start + HELD_BATCH]))
 
     # --- the process -------------------------------------------------------------------
 
@@ -508,7 +391,7 @@ class ClaudeSession:
             self._proc = None
         stderr = proc.stderr_text()
         turn = None if proc.detached else self._turn
-        ended = None if turn is None else self._exit_outcome(proc, code, stderr, turn)
+        ended = None if turn is None else proc.exit_outcome(self.spec, code, stderr, turn)
         if ended is not None:
             self._adopt_native(ended)  # before the exit record, which stores it
             await self._flush_held()
@@ -517,55 +400,6 @@ class ClaudeSession:
         )
         if ended is not None:
             await self._end_turn(ended)
-
-    def _exit_outcome(
-        self, proc: ClaudeProcess, code: int, stderr: str, turn: TurnMapper
-    ) -> TurnEnded:
-        """How the running turn ends when its process exits before the turn's `result`."""
-        provider = self.spec.provider
-        if proc.force_stopped:
-            return TurnEnded(
-                "cancelled",
-                f"force-stopped by the user: {provider}'s process group was killed",
-                "force_stop",
-                None,
-                None,
-            )
-        if proc.forced_stop:
-            return TurnEnded(
-                "interrupted",
-                f"{provider} did not stop within {self.spec.interrupt_timeout:g} s of the interrupt; its process was stopped",
-                "interrupt_timeout",
-                None,
-                None,
-            )
-        if turn.interrupt_requested:
-            return TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
-        if proc.silenced:
-            return TurnEnded(
-                "failed",
-                f"{provider} sent nothing for {self.spec.silence_timeout:g} s, so its process was stopped "
-                "(--turn-silence-timeout); start a new turn to continue",
-                "provider_silent",
-                None,
-                None,
-            )
-        if proc.process.spawner_lost:
-            return TurnEnded(
-                "failed",
-                f"the spawner died, so {provider}'s process was stopped; start a new turn to continue",
-                "spawner_lost",
-                None,
-                None,
-            )
-        detail = stderr.splitlines()[-1] if stderr else (turn.last_error or "no output on stderr")
-        return TurnEnded(
-            "failed",
-            f"{provider} exited with status {code} before the turn finished: {detail}",
-            "provider_exited",
-            None,
-            None,
-        )
 
     async def _record_session(
         self,
@@ -706,14 +540,6 @@ class ClaudeSession:
 
     async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
         await self._write(c.RecordItems(turn_id, items))
-
-
-def _answer_line(request: tuple[str, dict[str, Any]], decision: str, message: str | None) -> bytes:
-    cli_request_id, data = request
-    if decision in ("allow", "allow_session"):
-        return encode_permission_allow(cli_request_id, data.get("input") or {})
-    default = "Cancelled by the user." if decision == "cancel" else "Denied by the user."
-    return encode_permission_deny(cli_request_id, message or default)
 
 
 def _scope_unit(thread_id: str, session_id: str) -> str:

@@ -1,0 +1,178 @@
+"""Taking over a Claude CLI process a previous daemon left running (`Reattach`): the part of
+`ClaudeSession` that runs once, before the session reads its inbox.
+
+Rules:
+- The open turn is the one the process was last given: replay its output from the
+  turn's offset through a fresh `TurnMapper`, item states held until the replay is
+  through (one write per item, in first-seen order, so no client sees an item go back
+  to an older state), barriers (a prompt, the turn's end) written in place.
+- Prompts: pending ones are known from the database, whatever the replay shows; an
+  answer the database has but the replay shows no tool result for is sent again.
+- A replay that lost the turn's start reads on from the live point, from the committed
+  items, with an error item in the turn saying what was lost.
+- The open turn is another one: it never reached the process; it is started as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from t3d.domain import commands as c
+from t3d.domain import events as ev
+from t3d.domain.model import TurnItem
+from t3d.errors import ProviderError
+from t3d.providers.claude.adapter import TurnMapper
+from t3d.providers.claude.encode import encode_answer
+from t3d.providers.claude.process import ClaudeProcess
+from t3d.providers.reattach import Reattach
+
+if TYPE_CHECKING:
+    from t3d.providers.claude.session import SessionSpec
+
+log = logging.getLogger("t3d.providers.claude")
+
+# Item states held during a replay are written this many per command.
+HELD_BATCH = 64
+
+
+class ResumeAfterRestart:
+    """What `ClaudeSession` keeps for a replay, and the steps of a takeover."""
+
+    spec: SessionSpec
+    _clock: Callable[[], float]
+    _proc: ClaudeProcess | None
+    _turn: TurnMapper | None
+    _requests: dict[str, tuple[str, dict[str, Any]]]
+    _native_seen: str | None
+    _known_turns: deque[str]
+    _quiet_since: float
+    _idle_since: float
+    _read_stdout: Callable[[ClaudeProcess], Awaitable[None]]
+    _commit: Callable[[c.Command], Awaitable[None]]
+    _send: Callable[[bytes], Awaitable[None]]
+    _start_turn: Callable[[trio.Nursery, ev.StartProviderTurn], Awaitable[None]]
+    _escalate_interrupt: Callable[[TurnMapper, ClaudeProcess], Awaitable[None]]
+
+    def __init__(self) -> None:
+        # Lines ending at or before this offset are skipped (replayed output from before
+        # the turn, or all of it between turns); item states held until the replay is
+        # through (latest per item, first-seen order); tool calls whose results it showed.
+        self._skip_until = -1
+        self._held: dict[str, TurnItem] = {}
+        self._progressed: set[str] = set()
+
+    async def _reattach(self, nursery: trio.Nursery, reattach: Reattach) -> None:
+        """Take over the process a previous daemon left; replay its open turn's output."""
+        child, meta = reattach.child, reattach.meta
+        session_id = str(meta.get("session_id") or uuid.uuid4().hex)
+        started_at = meta.get("started_at")
+        proc = ClaudeProcess(child, session_id, started_at if isinstance(started_at, float) else self._clock())
+        cost = meta.get("cost_so_far")
+        proc.cost_so_far = float(cost) if isinstance(cost, int | float) else 0.0
+        native = meta.get("native_session_id")
+        self._native_seen = native if isinstance(native, str) else None
+        proc.turn_id, proc.turn_offset = meta.get("turn_id"), reattach.turn_offset
+        self._proc = proc
+        turn = reattach.turn
+        if turn is not None and reattach.same_turn:
+            self._resume_turn(reattach, proc)
+        else:  # between turns, or the open turn never reached the process: skip the replay
+            self._skip_until = child.replay.end
+        log.info(
+            "thread %s: reattached to its %s process (pid %d), %d bytes to replay%s",
+            self.spec.thread_id, self.spec.provider, child.pid, child.replay.end - child.replay.start,
+            "" if turn is None else f", turn {turn.id} {turn.status}",
+        )
+        nursery.start_soon(proc.read_stderr)
+        nursery.start_soon(self._read_stdout, proc)
+        await proc.output.replayed.wait()
+        await self._flush_held()
+        self._idle_since = trio.current_time()
+        if turn is None:
+            return
+        if not reattach.same_turn:
+            text = reattach.user_text
+            await self._start_turn(nursery, ev.StartProviderTurn(self.spec.thread_id, turn.id, text, turn.ordinal))
+            return
+        if self._turn is None or self._turn.turn_id != turn.id:
+            return  # the replay ended it
+        if turn.status == "starting":
+            await self._commit(c.MarkTurnRunning(turn.id))
+        await self._resend_answers(reattach)
+        if self._turn.interrupt_requested:
+            nursery.start_soon(self._escalate_interrupt, self._turn, proc)
+
+    def _resume_turn(self, reattach: Reattach, proc: ClaudeProcess) -> None:
+        turn = reattach.turn
+        assert turn is not None
+        mapper = TurnMapper(self.spec.thread_id, turn.id, self._clock)
+        mapper.interrupt_requested = turn.interrupt_requested_at is not None
+        self._turn = mapper
+        self._known_turns.append(turn.id)
+        self._quiet_since = trio.current_time()
+        prefix = f"{turn.id}:"
+        for request in reattach.requests:  # so an answer reaches the CLI whatever the replay shows
+            if request.status == "pending" and request.id.startswith(prefix):
+                self._requests[request.id] = (request.id[len(prefix) :], dict(request.data or {}))
+        if reattach.complete:
+            self._skip_until = reattach.turn_offset
+            return
+        # The turn's start is gone from the replay: read on from the live point.
+        self._skip_until = reattach.child.replay.end
+        mapper.restore(reattach.items)
+        lost = reattach.child.replay.start - reattach.turn_offset
+        log.warning(
+            "thread %s: turn %s: %d bytes of its output from before the restart were dropped "
+            "(over the spawner's replay buffer); reading on from the live point",
+            self.spec.thread_id, turn.id, lost,
+        )
+        gap = TurnItem(
+            id=f"{turn.id}:replay-gap:{reattach.child.replay.start}",
+            thread_id=self.spec.thread_id,
+            turn_id=turn.id,
+            ordinal=0,
+            kind="error",
+            status="failed",
+            title="Output lost across a daemon restart",
+            text=(
+                f"t3d restarted while this turn ran and {lost} bytes of {self.spec.provider}'s output "
+                "were over the spawner's replay buffer; items from before the restart may be incomplete"
+            ),
+            data={"lost_bytes": lost},
+            updated_at=self._clock(),
+        )
+        self._held[gap.id] = gap
+
+    async def _resend_answers(self, reattach: Reattach) -> None:
+        """Answers the database has but the CLI may never have read (the daemon died first):
+        sent again when the replay shows the CLI still waiting."""
+        if not reattach.complete:
+            return
+        for request in reattach.requests:
+            pending = self._requests.get(request.id)
+            if request.status != "resolved" or pending is None or request.decision is None:
+                continue
+            if (pending[1].get("tool_use_id") or "") in self._progressed:
+                self._requests.pop(request.id, None)
+                continue
+            log.info("thread %s: answering request %s again after the restart", self.spec.thread_id, request.id)
+            self._requests.pop(request.id, None)
+            with contextlib.suppress(ProviderError):
+                await self._send(encode_answer(*pending, request.decision, request.message))
+
+    async def _flush_held(self) -> None:
+        turn = self._turn
+        held, self._held = self._held, {}
+        if turn is None or not held:
+            return
+        items = tuple(held.values())
+        for start in range(0, len(items), HELD_BATCH):
+            await self._commit(c.RecordItems(turn.turn_id, items[start : start + HELD_BATCH]))
+
