@@ -64,6 +64,9 @@ class ClaudeProcess:
         # (told to the spawner, for the next daemon: `Reattach`).
         self.turn_id: object = None
         self.turn_offset = 0
+        # Replayed lines ending at or before this offset are skipped (output from before
+        # the open turn, or all of it between turns: `Reattach`).
+        self.skip_until = -1
         self._stderr_closed = trio.Event()
         # Set once the session has handled (recorded) this process's exit, or given up on it.
         self.exit_handled = trio.Event()

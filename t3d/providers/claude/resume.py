@@ -61,10 +61,8 @@ class ResumeAfterRestart:
     _escalate_interrupt: Callable[[TurnMapper, ClaudeProcess], Awaitable[None]]
 
     def __init__(self) -> None:
-        # Lines ending at or before this offset are skipped (replayed output from before
-        # the turn, or all of it between turns); item states held until the replay is
-        # through (latest per item, first-seen order); tool calls whose results it showed.
-        self._skip_until = -1
+        # Item states held until the replay is through (latest per item, first-seen
+        # order); tool calls whose results it showed.
         self._held: dict[str, TurnItem] = {}
         self._progressed: set[str] = set()
 
@@ -73,7 +71,7 @@ class ResumeAfterRestart:
         child, meta = reattach.child, reattach.meta
         session_id = str(meta.get("session_id") or uuid.uuid4().hex)
         started_at = meta.get("started_at")
-        proc = ClaudeProcess(child, session_id, started_at if isinstance(started_at, float) else self._clock())
+        proc = ClaudeProcess(child, session_id, float(started_at) if isinstance(started_at, int | float) else self._clock())
         cost = meta.get("cost_so_far")
         proc.cost_so_far = float(cost) if isinstance(cost, int | float) else 0.0
         native = meta.get("native_session_id")
@@ -84,7 +82,7 @@ class ResumeAfterRestart:
         if turn is not None and reattach.same_turn:
             self._resume_turn(reattach, proc)
         else:  # between turns, or the open turn never reached the process: skip the replay
-            self._skip_until = child.replay.end
+            proc.skip_until = child.replay.end
         log.info(
             "thread %s: reattached to its %s process (pid %d), %d bytes to replay%s",
             self.spec.thread_id, self.spec.provider, child.pid, child.replay.end - child.replay.start,
@@ -122,10 +120,10 @@ class ResumeAfterRestart:
             if request.status == "pending" and request.id.startswith(prefix):
                 self._requests[request.id] = (request.id[len(prefix) :], dict(request.data or {}))
         if reattach.complete:
-            self._skip_until = reattach.turn_offset
+            proc.skip_until = reattach.turn_offset
             return
         # The turn's start is gone from the replay: read on from the live point.
-        self._skip_until = reattach.child.replay.end
+        proc.skip_until = reattach.child.replay.end
         mapper.restore(reattach.items)
         lost = reattach.child.replay.start - reattach.turn_offset
         log.warning(

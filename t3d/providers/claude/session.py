@@ -427,7 +427,7 @@ class ClaudeSession(ResumeAfterRestart):
     # --- lines → domain ------------------------------------------------------------------
 
     async def _on_line(self, proc: ClaudeProcess, line: bytes | LineTooLong) -> None:
-        if proc.output.offset <= self._skip_until:
+        if proc.output.offset <= proc.skip_until:
             return  # replayed output from before the turn (or all of it, between turns)
         if isinstance(line, LineTooLong):
             self._warnings.warning(str(line))
