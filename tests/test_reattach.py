@@ -198,6 +198,11 @@ async def test_turns_in_flight_carry_on_across_a_restart(tmp_path: Path, project
                 assert all(alive(pid) for pid in pids)  # and none was stopped
                 sessions = await query(second.db_path, "SELECT status FROM sessions")
                 assert sorted(s for (s,) in sessions) == ["running"] * 3
+                async with open_ws(second) as client:  # the taken-over agent takes the next turn
+                    await client.call("subscribe.thread", thread_id=started.threads["a"])
+                    after = await run_turn(client, started.threads["a"], EDIT)
+                    assert after.turn["status"] == "completed" and after.turn["ordinal"] == 2
+                assert sorted(await provider_pids(second)) == sorted(pids)
     finally:
         kill_leftovers(pids, state)
 
