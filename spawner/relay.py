@@ -78,6 +78,10 @@ class OutputRelay:
     def wants_write(self) -> bool:
         return self.sink is not None and self.sent < self.end
 
+    def watching(self) -> tuple[bool, bool]:
+        """What the selector should watch: (read the source, write the sink)."""
+        return (self.source is not None and self.wants_read(), self.sink is not None and self.wants_write())
+
     def done(self) -> bool:
         """The source is closed and everything read has gone to the sink (or there is none)."""
         return self.source is None and not self.wants_write()
@@ -174,6 +178,9 @@ class TailRelay:
 
     def wants_write(self) -> bool:
         return self.sink is not None and bool(self._pending)
+
+    def watching(self) -> tuple[bool, bool]:
+        return (self.source is not None, self.wants_write())
 
     def done(self) -> bool:
         return self.source is None and not self.wants_write()

@@ -200,3 +200,30 @@ async def test_the_exit_ends_the_stream_even_if_a_grandchild_holds_stdout(tmp_pa
                 while chunk := await child.stdout.receive_some(100):
                     data += chunk
             assert data == b"bye\n"
+
+
+async def test_the_spawner_wide_budget_holds_detached_agents_until_there_is_room(tmp_path: Path) -> None:
+    """Two detached agents with more output than the spawner-wide replay budget: reading
+    stops near the budget (each agent waits on its pipe); the one attached first is read in
+    full, and once its output is acked the other is read again and loses nothing."""
+    script = "import os, sys\nos.write(1, b'y' * 200000)\nsys.stdin.read()\n"
+    with trio.fail_after(30):
+        async with running_spawner(tmp_path, "--replay-budget", "65536") as path:
+            async with connection(path) as first:
+                for _ in range(2):
+                    (await spawn(first, script)).detach()
+            async with connection(path) as second:
+                await wait_until(lambda: _stats(second, "replay_bytes", 65536))
+                held = (await second.request({"op": "stats"}))["replay_bytes"]
+                assert held <= 65536 + 2 * 65536
+                orphans = (await second.request({"op": "adopt", "match": STATE}))["children"]
+                one, other = (int(o["child"]) for o in orphans)
+                child = await second.attach(one)
+                assert await read_exactly(child, 200000 - child.replay.start) == b"y" * (200000 - child.replay.start)
+                await child.ack(200000)
+                again = await second.attach(other)
+                assert again.replay.start == 0 and again.replay.complete
+                assert await read_exactly(again, 200000) == b"y" * 200000
+                for each in (child, again):
+                    await each.close_stdin()
+                    assert await each.wait() == 0
