@@ -88,9 +88,6 @@ def free_port() -> int:
 
 def daemon_env(state: StateDir, settings: Mapping[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("T3D_")}
-    # A run ends by stopping its daemon, agents included (a run that restarts the daemon on
-    # purpose gives its agents a window to be taken over).
-    env["T3D_AGENT_REATTACH_WINDOW"] = "0"
     if state.git_log is not None:
         env["PATH"] = f"{state.root / 'bench-bin'}{os.pathsep}{env.get('PATH', '')}"
     env.update(settings)
