@@ -191,6 +191,9 @@ class Agents:
         if match is not None and not isinstance(match, dict):
             raise p.FrameError("'match' must be an object of meta keys and values")
         with self.lock:
+            gone = {c.owner for c in self.children.values() if c.owner is not None and c.owner is not conn and c.owner.gone()}
+            for owner in gone:  # its reader thread has not seen the EOF yet
+                self._disown_locked(owner)
             orphans = [  # not those being stopped for want of a daemon: too late for them
                 c for c in self.children.values()
                 if c.owner is None and c.term_sent_at is None and all(c.meta.get(k) == v for k, v in (match or {}).items())
@@ -202,17 +205,20 @@ class Agents:
     def disown(self, conn: Owner) -> None:
         """The connection is gone: its children become orphans (their output is kept)."""
         with self.lock:
-            now = time.time()
-            for child in self.children.values():
-                if child.owner is conn:
-                    child.owner, child.orphaned_at, child.attached = None, now, False
-                    for previous in (child.out.detach(), child.err.detach()):
-                        if previous is not None:
-                            self._closing.append((child, previous))
-                    self._dirty.add(child)
-                    if child.returncode is not None:
-                        self._exited.add(child)
+            self._disown_locked(conn)
         self._wake()
+
+    def _disown_locked(self, conn: Owner) -> None:
+        now = time.time()
+        for child in self.children.values():
+            if child.owner is conn:
+                child.owner, child.orphaned_at, child.attached = None, now, False
+                for previous in (child.out.detach(), child.err.detach()):
+                    if previous is not None:
+                        self._closing.append((child, previous))
+                self._dirty.add(child)
+                if child.returncode is not None:
+                    self._exited.add(child)
 
     def _owned(self, message: dict[str, Any], conn: Owner) -> Child:
         child_id = message.get("child")
@@ -253,7 +259,6 @@ class Agents:
                     log.info("orphan %s (pid %d, %s) exited with %s", child.id, child.popen.pid, child.tag, returncode)
                 return events
             relay = child.out if role.startswith("out") else child.err
-            before = relay.watching()
             if role.endswith("sink"):
                 if relay.sink == fd and relay.write():  # (a request may have replaced the sink)
                     self._discard(child, relay.detach())
@@ -264,8 +269,8 @@ class Agents:
                 # writing (two fewer epoll changes per line an agent writes).
                 if relay.sink is not None and relay.wants_write() and relay.write():
                     self._discard(child, relay.detach())
-            if relay.watching() != before:
-                self._dirty.add(child)
+            if relay.watching() != (relay.source in child.registered, relay.sink in child.registered):
+                self._dirty.add(child)  # what is watched must change
         return events
 
     def tend(self) -> float:

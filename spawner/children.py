@@ -34,6 +34,7 @@ class Owner(Protocol):
     """The connection of the daemon that owns a child."""
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None: ...
+    def gone(self) -> bool: ...
 
 
 class Child:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import signal
 import socket
@@ -192,6 +193,19 @@ class Connection:
         self.sock = sock
         self._send_lock = threading.Lock()
         self._closed = False
+
+    def gone(self) -> bool:
+        """True once the peer has closed its end, even before the reader thread has seen the
+        EOF (a new daemon may ask to adopt sooner than that)."""
+        if self._closed:
+            return True
+        try:
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN | select.POLLRDHUP)
+            events = poller.poll(0)
+        except (OSError, ValueError):  # closed under us
+            return True
+        return any(ev & (select.POLLHUP | select.POLLRDHUP | select.POLLERR) for _, ev in events)
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         frame = p.encode_frame(message)
