@@ -4,7 +4,7 @@ At boot the daemon connects to the spawner socket in its state dir (a spawner
 started by systemd socket activation, or one a previous daemon left running);
 if nothing answers, it starts `python -m spawner` once, as its only child.
 Agents a previous daemon on this state dir left running are the daemon's to
-`adopt` and `attach` (restart recovery, `t3d/reattach.py`); agents of other
+`adopt` and `attach` (restart recovery, `t3d/restart.py`); agents of other
 state dirs are never touched. Every agent is spawned with ``meta`` naming this
 state dir and with the reattach window as its orphan grace, so it outlives a
 daemon that goes away without stopping it (`aclose(stop=False)`) for that long.
