@@ -5,8 +5,9 @@ The order matters, so recovery never runs blind:
 
 1. The spawner is asked for the orphans of this state dir (`Spawner.adopt`; children
    of other state dirs are not touched, nor listed).
-2. An orphan is kept if its provider session is still live in the database and its
-   thread exists and is not archived, one per thread. The others are stopped.
+2. An orphan is kept if its provider session is still live in the database, its
+   thread exists and is not archived, and its provider's session can take a process
+   over (`registry.REATTACHABLE`), one per thread. The others are stopped.
 3. Restart recovery (`Store.recover_after_restart`) closes every open turn whose
    agent is not kept (``interrupted``, reason ``server_restart``; its requests expire)
    and supersedes the old effects; turns of kept agents keep their status, their
@@ -27,6 +28,7 @@ import logging
 import trio
 
 from t3d.errors import SpawnerError
+from t3d.providers import registry
 from t3d.sessions import Sessions
 from t3d.spawn.child import Orphan, Spawner
 from t3d.store.store import Store
@@ -47,7 +49,8 @@ async def recover_after_restart(store: Store, spawner: Spawner, sessions: Sessio
     threads: set[str] = set()
     for orphan in orphans:
         session_id, thread_id = orphan.meta.get("session_id"), orphan.meta.get("thread_id")
-        if isinstance(session_id, str) and isinstance(thread_id, str) and live.get(session_id) == thread_id and thread_id not in threads:
+        reattachable = orphan.meta.get("provider") in registry.REATTACHABLE
+        if reattachable and isinstance(session_id, str) and isinstance(thread_id, str) and live.get(session_id) == thread_id and thread_id not in threads:
             keep.append(orphan)
             threads.add(thread_id)
         else:
