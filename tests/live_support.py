@@ -150,13 +150,14 @@ async def notes_until(client: RpcClient, sub: str, kind: str) -> list[dict[str, 
 
 async def thread_events(db_path: Path, thread_id: str) -> list[dict[str, Any]]:
     """Every event of a thread so far as ``{kind, sequence, entity}``, read from the events
-    table on a worker thread (the loop never runs SQLite)."""
+    table on a worker thread (the loop never runs SQLite); a compacted event's entity is
+    None (retention dropped its payload: its body is its row)."""
 
     def read() -> list[dict[str, Any]]:
         conn = apsw.Connection(str(db_path), flags=apsw.SQLITE_OPEN_READONLY)
         try:
             rows = conn.execute("SELECT sequence, kind, payload FROM events WHERE thread_id = ? ORDER BY sequence", (thread_id,))
-            return [{"kind": kind, "sequence": seq, "entity": orjson.loads(payload)} for seq, kind, payload in rows]
+            return [{"kind": kind, "sequence": seq, "entity": orjson.loads(payload) if payload else None} for seq, kind, payload in rows]
         finally:
             conn.close()
 

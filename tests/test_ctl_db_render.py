@@ -33,21 +33,27 @@ def test_stats_prune_and_check_read_as_sentences_and_tables() -> None:
         "threads": 2, "turns": 3, "items": 40,
         "events_by_kind": {"item.updated": {"total": 400, "by_age": {"<1h": 10, "1h-1d": 20, "1d-7d": 30, "7d-30d": 40, ">30d": 300}}},
         "largest_threads": [{"thread_id": "t1", "title": "a thread", "turns": 3, "items": 40, "events": 399}],
-        "retention": {"cursors": {"item": 800, "state": 500}, "shell_pruned_through": 0, "threads_to_purge": 1},
+        "retention": {"cursors": {"item": 800, "state": 500}, "shell_pruned_through": 0, "compacted": 310, "threads_to_purge": 1},
     }  # fmt: skip
     text = format_stats(stats)
     assert text.startswith("database /s/t3d.sqlite: 3.0 MiB (WAL 0 B), 768 pages of 4.0 KiB, 256 free (1.0 MiB), auto-vacuum incremental\n")
     assert "item.updated    400   10     20     30      40   300" in text
     assert "t1         40      3     399  a thread" in text
-    assert text.endswith("retention: pruned up to sequence item 800, state 500; 1 deleted thread(s) to purge\n")
+    assert text.endswith(
+        "retention: pruned and compacted up to sequence item 800, state 500; 310 compacted event(s) "
+        "(their body is their row); 1 deleted thread(s) to purge\n"
+    )
     report = {
         "dry_run": True, "elapsed_s": 1.25, "steps": 12, "free_pages": 0,
         "rows": {"item snapshots": 1500, "thread-state events": 20, "deleted threads": 0, "outbox": 3},
         "bytes": {"item snapshots": 3 * 2**20, "thread-state events": 2048},
+        "compacted": {"item snapshots": 300, "thread-state events": 10},
+        "compacted_bytes": {"item snapshots": 2**20, "thread-state events": 4096},
     }  # fmt: skip
     assert format_prune(report) == (
         "would delete: 1,500 item snapshots (3.0 MiB), 20 thread-state events (2.0 KiB), "
-        "0 deleted threads (0 B), 3 done outbox rows, in 1.2 s (12 steps)\n"
+        "0 deleted threads (0 B), 3 done outbox rows; would compact 300 item snapshots (1.0 MiB), "
+        "10 thread-state events (4.0 KiB); in 1.2 s (12 steps)\n"
     )
     assert format_check({"ok": False, "problems": ["items: 2 rows whose thread does not exist"], "tables": 16, "elapsed_s": 1}) == (
         "1 problem(s) found:\n  items: 2 rows whose thread does not exist\n"

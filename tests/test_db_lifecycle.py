@@ -258,7 +258,8 @@ async def _ctl(served: Any, *args: str) -> tuple[int, str, str]:
 
 async def test_ctl_db_commands_report_and_act_through_the_daemon(tmp_path: Path) -> None:
     """`t3d ctl db stats|prune --dry-run|prune|check|vacuum|backup` against `t3d serve`: JSON
-    with --json and tables without; the dry run counts what prune then deletes; a backup to
+    with --json and tables without; the dry run counts what prune then deletes and compacts,
+    and stats counts the compacted events; a backup to
     a file that exists is refused (exit 1, the reason named) and leaves it alone."""
     state = tmp_path / "state"
     with trio.fail_after(120):
@@ -281,6 +282,9 @@ async def test_ctl_db_commands_report_and_act_through_the_daemon(tmp_path: Path)
             code, out, _ = await _ctl(served, "prune", "--json")
             done = orjson.loads(out)
             assert code == 0 and done["rows"]["item snapshots"] == dry["rows"]["item snapshots"]
+            assert done["compacted"]["item snapshots"] == dry["compacted"]["item snapshots"] > 0
+            code, out, _ = await _ctl(served, "stats", "--json")
+            assert code == 0 and orjson.loads(out)["retention"]["compacted"] == done["compacted"]["item snapshots"]
             code, text, _ = await _ctl(served, "prune")
             assert code == 0 and text.startswith("deleted: 0 item snapshots")
 

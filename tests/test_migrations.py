@@ -123,7 +123,7 @@ async def test_a_version_1_database_with_data_climbs_the_whole_ladder(tmp_path: 
             }
 
         found = await store.read(read, lambda raw: raw)
-    assert found["version"] == len(MIGRATIONS) == 5
+    assert found["version"] == len(MIGRATIONS) == 6
     assert found["auto_vacuum"] == 2
     recovered = [e for e in found["events"] if e not in log]  # type: ignore[operator]
     assert found["events"][: len(log)] == log and not [e for e in recovered if e[0] != "session.updated"]

@@ -1,10 +1,12 @@
-"""Retention on a real SQLite file: what a pass deletes, against a model of what it should.
+"""Retention on a real SQLite file: what a pass deletes and compacts, against a model.
 
 The model is the whole event log as committed, kept aside. An event is superseded by a
 newer event of the same entity (kind and id); once a class's cursor reached H (the last
 event older than the class's age at some pass), every event that an event at or below H
 supersedes is gone, a ``thread.deleted`` at or below the state cursor is gone, and every
-event of a deleted thread below its ``thread.deleted`` is gone. Nothing else is.
+event of a deleted thread below its ``thread.deleted`` is gone. Nothing else is. An event
+at or below H that was its entity's newest when a pass moved the cursor there is
+compacted (its payload empty, its body its row) until it goes; nothing else is.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from t3d.domain.state import State, fold
 from t3d.errors import DomainError
 from t3d.store.commit import StoredEvent, execute
 from t3d.store.pruner import Pruner
-from t3d.store.retention import run_step, survey
+from t3d.store.queries import SnapshotRaw
+from t3d.store.replay import ThreadReplayRaw, thread_resume_query
+from t3d.store.retention import COMPACTED_COUNT, retention_value, run_step, survey
 from t3d.store.retention_plan import (
+    COMPACTED,
     ITEM,
     KINDS,
     STATE,
@@ -52,6 +57,10 @@ from t3d.store.schema import WRITER_PRAGMAS, migrate
 from t3d.store.store import open_store
 
 CLASS_OF = {kind: cls for cls, kinds in KINDS.items() for kind in kinds}
+TABLE_OF = {
+    "thread.updated": "threads", "turn.updated": "turns", "item.updated": "items",
+    "request.updated": "requests", "session.updated": "sessions", "checkpoint.updated": "checkpoints",
+}  # fmt: skip
 
 
 def _lost(error: BaseException | None) -> None:
@@ -81,6 +90,25 @@ def expected_retained(log: list[StoredEvent], cursors: dict[str, int], purged: d
         if event.thread_id in purged and event.sequence < purged[event.thread_id]:
             gone.add(event.sequence)
     return {e.sequence for e in log} - gone
+
+
+def newly_compacted(log: list[StoredEvent], cursors: dict[str, int]) -> set[int]:
+    """Sequences a pass that moved the cursors to ``cursors`` compacts (or found compacted):
+    each entity's newest event, if at or below its class's cursor (no ``thread.deleted``)."""
+    newest: dict[tuple[str, str], StoredEvent] = {}
+    for event in log:
+        newest[(event.kind, event.entity.id)] = event
+    return {
+        e.sequence
+        for e in newest.values()
+        if e.kind in CLASS_OF and e.kind != "thread.deleted" and e.sequence <= cursors[CLASS_OF[e.kind]]
+    }
+
+
+def stored_events(conn: apsw.Connection) -> tuple[set[int], set[int]]:
+    """The stored sequences, and those of them compacted."""
+    rows = [(int(s), bytes(p)) for s, p in conn.execute("SELECT sequence, payload FROM events")]
+    return {s for s, _ in rows}, {s for s, p in rows if p == COMPACTED}
 
 
 def projections(conn: apsw.Connection) -> dict[str, dict[str, Any]]:
@@ -122,6 +150,7 @@ class RetentionMachine(RuleBasedStateMachine):
         self.log: list[StoredEvent] = []
         self.cursors = {ITEM: 0, STATE: 0}
         self.purged: dict[str, int] = {}
+        self.compacted: set[int] = set()
 
     def teardown(self) -> None:
         self.conn.close()
@@ -170,25 +199,69 @@ class RetentionMachine(RuleBasedStateMachine):
         for event in self.log:
             if event.kind == "thread.deleted":
                 self.purged[event.entity.id] = max(self.purged.get(event.entity.id, 0), event.sequence)
-        prune_now(self.conn, self.now, policy)
+        plan = prune_now(self.conn, self.now, policy)
+        retained = expected_retained(self.log, self.cursors, self.purged)
+        fresh = newly_compacted(self.log, self.cursors) & retained - self.compacted
+        assert sum(plan.compacted.values()) == len(fresh)
+        self.compacted = (self.compacted | fresh) & retained
+
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        """A thread resume from any point: a replay is exactly the thread's events after it,
+        whole (none compacted); from at or after the thread's mark (within the bounds) it is
+        a replay, from before it a snapshot."""
+        thread_id = data.draw(st.sampled_from(sorted({e.thread_id for e in self.log if e.thread_id})))
+        top = self.log[-1].sequence
+        after = data.draw(st.integers(0, top))
+        marks = dict(self.conn.execute("SELECT thread_id, through FROM pruned_threads"))
+        with self.conn:
+            raw = thread_resume_query(thread_id, after, 50, 10_000, 1 << 30)(self.conn)
+        exists = any(True for _ in self.conn.execute("SELECT 1 FROM threads WHERE id = ?", (thread_id,)))
+        if exists and after >= marks.get(thread_id, 0):
+            assert isinstance(raw, ThreadReplayRaw)
+            assert raw.events == [(e.sequence, e.kind, e.payload) for e in self.log if e.thread_id == thread_id and e.sequence > after]
+        else:
+            assert isinstance(raw, SnapshotRaw)
 
     @invariant()
     def retained_are_exactly_the_unsuperseded(self) -> None:
-        stored = {s for (s,) in self.conn.execute("SELECT sequence FROM events")}
+        stored, _ = stored_events(self.conn)
         assert stored == expected_retained(self.log, self.cursors, self.purged)
+
+    @invariant()
+    def compacted_are_exactly_the_newest_passed(self) -> None:
+        """Compacted: the events that were their entity's newest when a cursor passed them,
+        as long as they stay; the count db.stats shows is theirs."""
+        _, compacted = stored_events(self.conn)
+        assert compacted == self.compacted
+        assert retention_value(self.conn, COMPACTED_COUNT) == len(compacted)
+
+    @invariant()
+    def a_compacted_newest_events_body_is_its_row(self) -> None:
+        """The body a compacted event dropped is its entity's row (while it is the newest)."""
+        newest: dict[tuple[str, str], StoredEvent] = {}
+        for event in self.log:
+            newest[(event.kind, event.entity.id)] = event
+        deleted = {e.entity.id for e in self.log if e.kind == "thread.deleted"}
+        for event in newest.values():
+            if event.sequence in self.compacted and event.thread_id not in deleted:
+                table = TABLE_OF[event.kind]
+                rows = list(self.conn.execute(f"SELECT body FROM {table} WHERE id = ?", (event.entity.id,)))
+                assert [orjson.loads(b) for (b,) in rows] == [to_json(event.entity)]
 
     @invariant()
     def projections_are_the_final_state(self) -> None:
         assert projections(self.conn) == folded(fold(e_of(s) for s in self.log))
 
     @invariant()
-    def each_thread_mark_is_its_highest_deleted_event(self) -> None:
-        """The resume mark: a replay from at or after it misses nothing of the thread."""
-        stored = {s for (s,) in self.conn.execute("SELECT sequence FROM events")}
+    def each_thread_mark_is_its_highest_deleted_or_compacted_event(self) -> None:
+        """The resume mark: a replay from at or after it misses nothing of the thread and
+        meets no compacted event."""
+        stored, compacted = stored_events(self.conn)
         marks = dict(self.conn.execute("SELECT thread_id, through FROM pruned_threads"))
         expected: dict[str, int] = {}
         for event in self.log:
-            if event.sequence not in stored and event.thread_id is not None:
+            if (event.sequence not in stored or event.sequence in compacted) and event.thread_id is not None:
                 expected[event.thread_id] = max(expected.get(event.thread_id, 0), event.sequence)
         assert marks == expected
 
@@ -287,7 +360,8 @@ async def test_pruning_while_sessions_write_loses_nothing(tmp_path: Path) -> Non
     """Passes with both ages 0 run back to back while 6 sessions stream items and finish
     turns, and one thread is deleted: afterwards (one last pass) every entity's newest event
     is stored and nothing else but never-superseded kinds, the deleted thread's events are
-    gone but its thread.deleted, and the projections equal the fold of everything committed."""
+    gone but its thread.deleted, every stored event but the projects' is compacted, and the
+    projections equal the fold of everything committed."""
     published: list[StoredEvent] = []
     with trio.fail_after(120):
         async with open_store(tmp_path / "t3d.sqlite", on_writer_lost=_lost) as store:
@@ -325,10 +399,10 @@ async def test_pruning_while_sessions_write_loses_nothing(tmp_path: Path) -> Non
             await pruner.run_pass()
             assert pruner.passes > 2
 
-            def read(conn: apsw.Connection) -> tuple[set[int], dict[str, dict[str, Any]]]:
-                return {s for (s,) in conn.execute("SELECT sequence FROM events")}, projections(conn)
+            def read(conn: apsw.Connection) -> tuple[set[int], set[int], int, dict[str, dict[str, Any]]]:
+                return (*stored_events(conn), retention_value(conn, COMPACTED_COUNT), projections(conn))
 
-            stored, tables = await store.read(read, lambda raw: raw)
+            stored, compacted, counted, tables = await store.read(read, lambda raw: raw)
     newest: dict[tuple[str, str], StoredEvent] = {}
     for event in published:
         newest[(event.kind, event.entity.id)] = event
@@ -336,6 +410,8 @@ async def test_pruning_while_sessions_write_loses_nothing(tmp_path: Path) -> Non
         e.sequence for e in newest.values() if e.kind in CLASS_OF and e.kind != "thread.deleted" and e.thread_id != "t5"
     }
     assert stored == expected, "the newest event of every entity, and nothing else"
+    assert compacted == expected - {e.sequence for e in published if e.kind == "project.updated"}, "every newest one of a class compacted"
+    assert counted == len(compacted)
     assert tables == folded(fold(e_of(e) for e in published))
 
 
@@ -364,8 +440,8 @@ def test_the_newest_outbox_row_stays_so_effect_ids_keep_growing(tmp_path: Path) 
 
 
 def test_a_pass_leaves_the_wal_truncated_and_gives_pages_back(tmp_path: Path) -> None:
-    """After a pass that deleted thousands of snapshots, incremental vacuum has handed the
-    free pages back (at most the slack stays free) and the WAL file is empty again."""
+    """After a pass that deleted thousands of snapshots and compacted the last, incremental
+    vacuum has handed the free pages back (at most the slack stays free) and the WAL file is empty again."""
     path = tmp_path / "t.sqlite"
     conn = _connect(path)
     for command in SETUP:
@@ -379,6 +455,8 @@ def test_a_pass_leaves_the_wal_truncated_and_gives_pages_back(tmp_path: Path) ->
     assert conn.execute("PRAGMA auto_vacuum").get == 2
     plan = prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=None, vacuum_slack_pages=16))
     assert plan.rows["item snapshots"] == 2999
+    assert conn.execute("SELECT length(payload) FROM events WHERE entity_id = 'u:a'").fetchall() == [(0,)]
+    assert plan.compacted_bytes["item snapshots"] > 4000
     assert conn.execute("PRAGMA freelist_count").get <= 16
     assert path.stat().st_size < size / 4
     assert Path(f"{path}-wal").stat().st_size == 0
@@ -408,3 +486,67 @@ def test_retention_settings_take_durations_within_their_ranges() -> None:
     ):
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             load_settings({flag: raw}, {})
+
+
+def _resume(conn: apsw.Connection, thread_id: str, after: int) -> ThreadReplayRaw | SnapshotRaw:
+    with conn:
+        return thread_resume_query(thread_id, after, 50, 10_000, 1 << 30)(conn)  # type: ignore[no-any-return]
+
+
+def test_a_resume_from_before_a_compacted_event_gets_a_snapshot(tmp_path: Path) -> None:
+    """Compacted events are not only ever older than the deleted ones (a turn's final
+    ``turn.updated`` is newer than every snapshot it superseded), so a compaction raises the
+    thread's mark too: a resume from between the newest deleted and the newest compacted
+    event gets a snapshot; one from the newest compacted event on gets a replay of whole
+    events. The rows keep the final state."""
+    conn = _connect(tmp_path / "t.sqlite")
+    log: list[StoredEvent] = []
+    for command in (*SETUP, c.StartTurn("t-a", "u", "go"), c.MarkTurnRunning("u")):
+        log += execute(conn, command, None, 1.0).events
+    for n in range(3):
+        item = TurnItem("u:a", "t-a", "u", 0, "assistant_message", "streaming", None, "x" * (n + 1), None, 1.0)
+        log += execute(conn, c.RecordItems("u", (item,)), None, 2.0 + n).events
+    log += execute(conn, c.FinishTurn("u", "completed"), None, 6.0).events
+    prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=0.0))
+    stored, compacted = stored_events(conn)
+    mine = [e.sequence for e in log if e.thread_id == "t-a"]
+    deleted = max(s for s in mine if s not in stored)
+    newest_compacted = max(s for s in mine if s in compacted)
+    assert newest_compacted > deleted, "the case the marks of deletions alone would miss"
+    assert conn.execute("SELECT through FROM pruned_threads WHERE thread_id = 't-a'").get == newest_compacted
+    for after in range(deleted, newest_compacted):
+        assert isinstance(_resume(conn, "t-a", after), SnapshotRaw), after
+    renamed = execute(conn, c.RenameThread("t-a", "later"), None, 200.0).events
+    replay = _resume(conn, "t-a", newest_compacted)
+    assert isinstance(replay, ThreadReplayRaw)
+    assert replay.events == [(e.sequence, e.kind, e.payload) for e in renamed]
+    assert projections(conn) == folded(fold(e_of(e) for e in log + list(renamed)))
+    conn.close()
+
+
+def test_migration_6_lets_the_next_pass_compact_what_earlier_passes_pruned(tmp_path: Path) -> None:
+    """A database pruned before compaction existed (schema 5: superseded events gone, the
+    cursors at the top, every newest event whole): opened by this t3d, its cursors start
+    over, and the next pass deletes nothing more and compacts every entity's newest event."""
+    path = tmp_path / "t.sqlite"
+    conn = _connect(path)
+    log: list[StoredEvent] = []
+    for command in (*SETUP, c.StartTurn("t-a", "u", "go"), c.MarkTurnRunning("u"), c.FinishTurn("u", "completed")):
+        log += execute(conn, command, None, 1.0).events
+    prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=0.0))
+    with conn:  # as schema 5's retention left it: nothing compacted
+        conn.executemany("UPDATE events SET payload = ? WHERE sequence = ?", [(e.payload, e.sequence) for e in log])
+        conn.execute("DELETE FROM retention WHERE name = ?", (COMPACTED_COUNT,))
+        conn.execute("PRAGMA user_version=5")
+    pruned, none = stored_events(conn)
+    assert not none and retention_value(conn, "cursor.state") == log[-1].sequence
+    conn.close()
+    conn = _connect(path)
+    assert conn.execute("PRAGMA user_version").get == 6
+    assert list(conn.execute("SELECT name FROM retention WHERE name LIKE 'cursor.%'")) == []
+    plan = prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=0.0))
+    stored, compacted = stored_events(conn)
+    assert stored == pruned and not any(plan.rows.values())
+    assert compacted == newly_compacted(log, {ITEM: log[-1].sequence, STATE: log[-1].sequence}) & stored
+    assert len(compacted) == sum(plan.compacted.values()) == retention_value(conn, COMPACTED_COUNT) > 0
+    conn.close()

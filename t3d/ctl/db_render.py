@@ -67,7 +67,8 @@ def format_stats(stats: JsonDict) -> str:
     retention = stats["retention"]
     cursors = ", ".join(f"{name} {value:,}" for name, value in retention["cursors"].items())
     out.append(
-        f"\nretention: pruned up to sequence {cursors}; {retention['threads_to_purge']:,} deleted thread(s) to purge\n"
+        f"\nretention: pruned and compacted up to sequence {cursors}; {retention['compacted']:,} compacted event(s) "
+        f"(their body is their row); {retention['threads_to_purge']:,} deleted thread(s) to purge\n"
     )
     return "".join(out)
 
@@ -79,8 +80,15 @@ def format_prune(report: JsonDict) -> str:
         for phase in ("item snapshots", "thread-state events", "deleted threads")
     ]
     parts.append(f"{report['rows'].get('outbox', 0):,} done outbox rows")
+    compacted = [
+        f"{report['compacted'].get(phase, 0):,} {phase} ({size(report['compacted_bytes'].get(phase, 0))})"
+        for phase in ("item snapshots", "thread-state events")
+    ]
     tail = "" if report["dry_run"] else f"; {report['free_pages']:,} pages free after vacuum"
-    return f"{verb}: {', '.join(parts)}, in {report['elapsed_s']:.1f} s ({report['steps']:,} steps){tail}\n"
+    return (
+        f"{verb}: {', '.join(parts)}; {'would compact' if report['dry_run'] else 'compacted'} "
+        f"{', '.join(compacted)}; in {report['elapsed_s']:.1f} s ({report['steps']:,} steps){tail}\n"
+    )
 
 
 def format_vacuum(result: JsonDict, page_size: int = 4096) -> str:

@@ -30,6 +30,7 @@ import trio
 from t3d.errors import StoreError
 from t3d.store.queries import current_sequence
 from t3d.store.retention import (
+    COMPACTED_COUNT,
     checkpoint_wal,
     cursor_name,
     first_from,
@@ -104,6 +105,7 @@ def stats_query(path: Path, now: float) -> Callable[[apsw.Connection], dict[str,
             "retention": {
                 "cursors": {cls: retention_value(conn, cursor_name(cls)) for cls in CLASSES},
                 "shell_pruned_through": shell_pruned_through(conn),
+                "compacted": retention_value(conn, COMPACTED_COUNT),
                 "threads_to_purge": int(conn.execute("SELECT count(*) FROM purge_threads").get),
             },
         }

@@ -51,6 +51,8 @@ class PassReport:
     steps: int
     rows: dict[str, int]  # rows deleted (or, dry, that would be) by phase
     bytes: dict[str, int]  # their stored bytes (events' payloads)
+    compacted: dict[str, int]  # events compacted (or, dry, that would be) by phase
+    compacted_bytes: dict[str, int]  # the payload bytes they dropped
     cursors: dict[str, int]
     free_pages: int
     more: bool  # there is more to purge: another pass follows at once
@@ -84,7 +86,12 @@ class Pruner:
             "running": self._lock.locked(),
             "last_pass": None
             if last is None
-            else {"elapsed_s": round(last.elapsed_s, 3), "steps": last.steps, "deleted": last.rows},
+            else {
+                "elapsed_s": round(last.elapsed_s, 3),
+                "steps": last.steps,
+                "deleted": last.rows,
+                "compacted": last.compacted,
+            },
         }
 
     async def wait_woken(self) -> None:
@@ -126,6 +133,8 @@ class Pruner:
                 steps,
                 dict(plan.rows),
                 dict(plan.bytes),
+                dict(plan.compacted),
+                dict(plan.compacted_bytes),
                 dict(plan.cursors),
                 plan.free_pages,
                 more=not dry_run and len(found.purges) >= PURGES_PER_PASS,
@@ -173,10 +182,11 @@ async def run_pruner(
             again = False
             continue
         again = report.more
-        if any(report.rows.values()):
+        if any(report.rows.values()) or any(report.compacted.values()):
             log.info(
-                "retention: deleted %s in %.1f s (%d steps)",
-                ", ".join(f"{n} {phase}" for phase, n in report.rows.items() if n),
+                "retention: deleted %s; compacted %s; in %.1f s (%d steps)",
+                ", ".join(f"{n} {phase}" for phase, n in report.rows.items() if n) or "nothing",
+                ", ".join(f"{n} {phase}" for phase, n in report.compacted.items() if n) or "nothing",
                 report.elapsed_s,
                 report.steps,
             )

@@ -7,7 +7,11 @@ one consistent view. A gap is replayed only within the caller's bounds
 costs no more than a snapshot. A gap that reaches back past events retention
 pruned (t3d/store/retention.py: the thread's, or for the shell the global,
 pruned-through mark) gets a snapshot too, so a replay is always every event
-the subscriber missed.
+the subscriber missed. Retention raises a thread's mark past each event it
+compacts (its payload dropped: its body is its row), so a thread replay never
+reaches one; should one be in a gap all the same, that gap gets a snapshot. The
+shell replay sends only ``project.updated`` payloads (never compacted) and reads
+the touched threads' rows.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import attrs
 from t3d.store.commit import SHELL_KINDS, SHELL_SQL
 from t3d.store.queries import ShellRaw, SnapshotRaw, current_sequence, shell_query, snapshot_query
 from t3d.store.retention import shell_pruned_through, thread_pruned_through
+from t3d.store.retention_plan import COMPACTED
 
 
 @attrs.frozen
@@ -32,13 +37,14 @@ def replay_window(
     rows: Iterable[tuple[int, str, bytes]], max_events: int, max_bytes: int
 ) -> list[tuple[int, str, bytes]] | None:
     """All of ``rows`` if they are at most ``max_events`` events and ``max_bytes`` payload
-    bytes, else None; stops reading ``rows`` at the first one past a bound. Pure."""
+    bytes and none is compacted, else None; stops reading ``rows`` at the first one past a
+    bound or compacted. Pure."""
     events: list[tuple[int, str, bytes]] = []
     size = 0
     for row in rows:
         size += len(row[2])
         events.append(row)
-        if len(events) > max_events or size > max_bytes:
+        if len(events) > max_events or size > max_bytes or row[2] == COMPACTED:
             return None
     return events
 

@@ -6,9 +6,11 @@ steps on a reader (they only read), `run_step` on the writer, each step in one s
 whole or not at all. SQLite errors become `StoreError` here.
 
 Marks (migration 5): ``pruned_threads`` holds, per thread, the highest sequence of an
-event of the thread that was deleted; the ``retention`` row ``shell`` the highest
-sequence of a deleted ``thread.deleted`` event. A resume from before a mark gets a
-snapshot (replay.py), so a replay never lacks an event.
+event of the thread that was deleted or compacted; the ``retention`` row ``shell`` the
+highest sequence of a deleted ``thread.deleted`` event. A resume from before a mark gets
+a snapshot (replay.py), so a replay never lacks an event nor meets a compacted one (the
+shell's replay reads no compacted kind's payload: it reads the threads' rows). The
+``retention`` row ``compacted`` counts the compacted events stored (for ``db.stats``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 import apsw
+import attrs
 
 from t3d.errors import StoreError
 from t3d.store.queries import current_sequence
 from t3d.store.retention_plan import (
     CLASSES,
+    COMPACTED,
     KINDS,
     STATE,
     Checkpoint,
@@ -40,6 +44,7 @@ from t3d.store.retention_plan import (
 from t3d.store.schema import AUTO_VACUUM_INCREMENTAL, auto_vacuum
 
 SHELL_MARK = "shell"
+COMPACTED_COUNT = "compacted"
 # Deleted threads a pass takes on (more wait for the next pass, which comes at once).
 PURGES_PER_PASS = 64
 
@@ -166,6 +171,29 @@ _DELETED_IN_WINDOW = (
 )
 
 
+def _compactable_sql(kinds: tuple[str, ...]) -> str:
+    """The newest event in the window ``(lo, hi]`` (bound as lo, hi, *kinds) of each entity
+    of ``kinds`` whose newest event of all it is, if not compacted yet: (sequence, thread
+    id, payload bytes). A dry run asks the same: deleting older events changes no newest."""
+    return (
+        "SELECT e.sequence, e.thread_id, length(e.payload) FROM "
+        "(SELECT kind, entity_id, max(sequence) AS last FROM events "
+        f"WHERE sequence > ? AND sequence <= ? AND +kind IN ({_marks(kinds)}) AND +kind != 'thread.deleted' "
+        "GROUP BY kind, entity_id) AS w "
+        "JOIN events AS e ON e.sequence = w.last "
+        "WHERE length(e.payload) > 0 AND NOT EXISTS (SELECT 1 FROM events AS x INDEXED BY events_by_entity "
+        "WHERE x.kind = w.kind AND x.entity_id = w.entity_id AND x.sequence > w.last)"
+    )
+
+
+def _compactable(conn: apsw.Connection, step: Window) -> list[tuple[int, str | None, int]]:
+    kinds = KINDS[step.cls]
+    return [
+        (int(s), t, int(n or 0))
+        for s, t, n in conn.execute(_compactable_sql(kinds), (step.lo, step.hi, *kinds))
+    ]
+
+
 def _window_rows(
     conn: apsw.Connection, step: Window, dry: bool
 ) -> tuple[list[tuple[int, str | None, int]], list[tuple[int, str, int]]]:
@@ -199,24 +227,43 @@ def _set_value(conn: apsw.Connection, name: str, value: int) -> None:
     )
 
 
-def _delete_events(conn: apsw.Connection, sequences: list[int]) -> None:
-    conn.executemany("DELETE FROM events WHERE sequence = ?", [(s,) for s in sequences])
+def _add_value(conn: apsw.Connection, name: str, delta: int) -> None:
+    if delta:
+        conn.execute(
+            "INSERT INTO retention(name, value) VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            (name, delta),
+        )
 
 
-def _window(conn: apsw.Connection, step: Window) -> tuple[int, int]:
+def _delete_events(conn: apsw.Connection, rows: list[tuple[int, int]]) -> None:
+    """Delete the events ``(sequence, payload bytes)``; those compacted leave the count."""
+    conn.executemany("DELETE FROM events WHERE sequence = ?", [(s,) for s, _ in rows])
+    _add_value(conn, COMPACTED_COUNT, -sum(1 for _, n in rows if n == 0))
+
+
+def _window(conn: apsw.Connection, step: Window) -> StepResult:
     superseded, deleted = _window_rows(conn, step, dry=False)
+    compact = _compactable(conn, step)
     marks: dict[str, int] = {}
-    for sequence, thread_id, _ in superseded:
+    for sequence, thread_id, _ in superseded + compact:
         if thread_id is not None:
             marks[thread_id] = max(marks.get(thread_id, 0), sequence)
     for sequence, thread_id, _ in deleted:
         marks[thread_id] = max(marks.get(thread_id, 0), sequence)
         _set_value(conn, SHELL_MARK, sequence)
-    _delete_events(conn, [s for s, _, _ in superseded] + [s for s, _, _ in deleted])
+    _delete_events(conn, [(s, n) for s, _, n in superseded + deleted])
+    conn.executemany(
+        "UPDATE events SET payload = ? WHERE sequence = ?", [(COMPACTED, s) for s, _, _ in compact]
+    )
+    _add_value(conn, COMPACTED_COUNT, len(compact))
     _raise_marks(conn, marks)
     _set_value(conn, cursor_name(step.cls), step.hi)
-    return len(superseded) + len(deleted), sum(n for *_, n in superseded) + sum(
-        n for *_, n in deleted
+    return StepResult(
+        rows=len(superseded) + len(deleted),
+        bytes=sum(n for *_, n in superseded + deleted),
+        compacted=len(compact),
+        compacted_bytes=sum(n for *_, n in compact),
     )
 
 
@@ -227,7 +274,7 @@ def _purge(conn: apsw.Connection, step: Purge) -> tuple[int, int]:
             (step.thread_id, step.through, step.limit),
         )
     )
-    _delete_events(conn, [s for s, _ in rows])
+    _delete_events(conn, [(s, int(n or 0)) for s, n in rows])
     if rows:
         _raise_marks(conn, {step.thread_id: max(s for s, _ in rows)})
     if len(rows) < step.limit:
@@ -256,7 +303,7 @@ def run_step(conn: apsw.Connection, step: Step) -> StepResult:
     """Run one step on the writer connection: one short transaction (vacuum and checkpoint
     are their own statements)."""
     started = time.perf_counter()
-    rows = size = 0
+    did = StepResult()
     try:
         if isinstance(step, Vacuum):
             conn.execute(f"PRAGMA incremental_vacuum({int(step.pages)})").fetchall()
@@ -266,11 +313,11 @@ def run_step(conn: apsw.Connection, step: Step) -> StepResult:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 if isinstance(step, Window):
-                    rows, size = _window(conn, step)
+                    did = _window(conn, step)
                 elif isinstance(step, Purge):
-                    rows, size = _purge(conn, step)
+                    did = StepResult(*_purge(conn, step))
                 else:
-                    rows = _outbox(conn, step)
+                    did = StepResult(rows=_outbox(conn, step))
                 conn.execute("COMMIT")
             except BaseException:
                 if not conn.get_autocommit():
@@ -279,7 +326,7 @@ def run_step(conn: apsw.Connection, step: Step) -> StepResult:
         free = free_pages(conn)
     except apsw.Error as exc:
         raise StoreError(f"a retention step ({type(step).__name__.lower()}) failed: {exc}") from exc
-    return StepResult(rows, size, free, time.perf_counter() - started)
+    return attrs.evolve(did, free_pages=free, elapsed_s=time.perf_counter() - started)
 
 
 def count_step(conn: apsw.Connection, step: Step) -> StepResult:
@@ -288,18 +335,26 @@ def count_step(conn: apsw.Connection, step: Step) -> StepResult:
     try:
         if isinstance(step, Window):
             superseded, deleted = _window_rows(conn, step, dry=True)
-            rows = len(superseded) + len(deleted)
-            size = sum(n for *_, n in superseded) + sum(n for *_, n in deleted)
-        elif isinstance(step, Outbox):
-            rows = int(
-                conn.execute("SELECT count(*) FROM outbox WHERE done_at < ?", (step.before,)).get
+            compact = _compactable(conn, step)
+            did = StepResult(
+                rows=len(superseded) + len(deleted),
+                bytes=sum(n for *_, n in superseded + deleted),
+                compacted=len(compact),
+                compacted_bytes=sum(n for *_, n in compact),
             )
-            size = 0
+        elif isinstance(step, Outbox):
+            did = StepResult(
+                rows=int(
+                    conn.execute(
+                        "SELECT count(*) FROM outbox WHERE done_at < ?", (step.before,)
+                    ).get
+                )
+            )
         else:
             raise ValueError(f"a dry run has no {type(step).__name__} step")
     except apsw.Error as exc:
         raise StoreError(f"retention could not read the database: {exc}") from exc
-    return StepResult(rows, size, 0, time.perf_counter() - started)
+    return attrs.evolve(did, elapsed_s=time.perf_counter() - started)
 
 
 def checkpoint_wal(conn: apsw.Connection) -> tuple[int, int, int]:

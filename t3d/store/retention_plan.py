@@ -10,7 +10,16 @@ Theory of operation (the SQL is in retention.py, the driver in pruner.py):
   the sequences ``(lo, hi]`` deletes, for every entity with events of the class's kinds
   in the window, every earlier event of that entity, then moves the cursor to ``hi``.
   So once a cursor is at ``H``, exactly the events superseded by an event at or below
-  ``H`` are gone, and the newest event of every entity stays. A cursor stops at its
+  ``H`` are gone, and the newest event of every entity stays.
+- Compaction, in the same step: the newest event of an entity in the window that is also
+  its entity's newest event of all says what the entity's projection row says, so its
+  payload is replaced by `COMPACTED` (an empty blob: no stored event is empty). The
+  event stays, with its kind, entity id, thread, sequence and time; its body is the
+  row. A compacted event that a later event supersedes goes when the cursor passes
+  that one, as any superseded event. Each compacted event raises its thread's
+  pruned-through mark as a deleted one does, so no replay ever reaches one (a resume
+  from before it gets a snapshot). ``thread.deleted`` events are deleted, not
+  compacted; ``project.updated`` events are in no class and stay whole. A cursor stops at its
   class's cutoff: the last event older than the age (times grow with the sequence, but
   for a few milliseconds: each write takes its time when it is sent and commits in the
   order sent).
@@ -34,6 +43,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+
+# What a compacted event's payload is: its entity's body is its projection row.
+COMPACTED = b""
 
 ITEM = "item"
 STATE = "state"
@@ -123,13 +135,16 @@ Step = Window | Purge | Outbox | Vacuum | Checkpoint
 
 @attrs.frozen
 class StepResult:
-    """What a step did: rows deleted (or counted, in a dry run) and their stored bytes, the
-    free pages it left, and ``elapsed_s`` on the writer (commit included)."""
+    """What a step did: rows deleted (or counted, in a dry run) and their stored bytes,
+    events compacted (a window's) and the payload bytes that dropped, the free pages it
+    left, and ``elapsed_s`` on the writer (commit included)."""
 
     rows: int = 0
     bytes: int = 0
     free_pages: int = 0
     elapsed_s: float = 0.0
+    compacted: int = 0
+    compacted_bytes: int = 0
 
 
 PHASES = {
@@ -204,6 +219,8 @@ class Pass:
     # Totals of what the pass did (or, dry, would do), by phase.
     rows: dict[str, int] = attrs.Factory(dict)
     bytes: dict[str, int] = attrs.Factory(dict)
+    compacted: dict[str, int] = attrs.Factory(dict)
+    compacted_bytes: dict[str, int] = attrs.Factory(dict)
     # Progress: units of work done and known so far (events scanned or purged, pages freed).
     done: int = 0
     total: int = 0
@@ -270,6 +287,9 @@ class Pass:
                 self.done += result.rows
                 self.purges[0] = (thread_id, through, max(0, left - result.rows))
         elif isinstance(step, Window):
+            phase = phase_of(step)
+            self.compacted[phase] = self.compacted.get(phase, 0) + result.compacted
+            self.compacted_bytes[phase] = self.compacted_bytes.get(phase, 0) + result.compacted_bytes
             self.done += step.hi - step.lo
             self.cursors[step.cls] = step.hi
             self.spans[step.cls] = next_span(step.hi - step.lo, result.elapsed_s, self.policy)

@@ -186,6 +186,13 @@ MIGRATIONS: tuple[str, ...] = (
     INSERT INTO purge_threads(thread_id, through)
         SELECT entity_id, max(sequence) FROM events WHERE kind = 'thread.deleted' GROUP BY entity_id;
     """,
+    # 6: retention compacts the newest event of an entity once it is past its class's age
+    # (its payload is its projection row; retention.py). The cursors go back to the start,
+    # so the next pass walks the log once more: below the old cursors it finds nothing more
+    # to delete, and compacts.
+    """
+    DELETE FROM retention WHERE name IN ('cursor.item', 'cursor.state');
+    """,
 )
 
 # auto_vacuum modes as ``PRAGMA auto_vacuum`` reports them.
