@@ -5,8 +5,10 @@ automatic pass a day away, it measures through the public API only (``db.*`` met
 over ``POST /api/dispatch``, jobs polled with ``db.job``):
 
 - ``db.stats`` before (file size, events by kind);
-- ``db.prune``: one retention pass with the default ages (everything superseded in a
-  generated database is older than them), incremental vacuum included, and its time;
+- ``db.prune``: one retention pass with the default ages (everything in a generated
+  database is older than them): superseded events deleted, every entity's newest event
+  compacted (its payload dropped: its body is its row), incremental vacuum included; its
+  time, and each phase's time on the writer (the pass pauses three times as long);
 - ``db.stats`` after, then ``db.vacuum --full`` (one VACUUM: what fragmentation the
   incremental vacuum leaves) and ``db.stats`` again, unless ``--no-full-vacuum``.
 
@@ -97,13 +99,17 @@ def command(args: Any) -> int:
     result = trio.run(measure, db, out, not args.no_full_vacuum)
     (out / "prune.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     before, after = result["before"]["file_bytes"], result["after_prune"]["file_bytes"]
-    rows = result["prune"]["rows"]
+    prune = result["prune"]
+    rows, compacted, compacted_bytes = prune["rows"], prune["compacted"], prune["compacted_bytes"]
     print(
         f"{db}: {_mib(before)}, {result['before']['events']:,} events; prune deleted "
         f"{rows.get('item snapshots', 0):,} item snapshots and {rows.get('thread-state events', 0):,} "
-        f"thread-state events in {result['prune']['wall_s']:.0f} s ({result['prune']['steps']:,} steps): "
-        f"{_mib(after)} ({after / before:.0%}), {result['after_prune']['events']:,} events"
+        f"thread-state events, compacted {compacted.get('item snapshots', 0):,} item snapshots and "
+        f"{compacted.get('thread-state events', 0):,} thread-state events "
+        f"({_mib(sum(compacted_bytes.values()))} of payload), in {prune['wall_s']:.0f} s "
+        f"({prune['steps']:,} steps): {_mib(after)} ({after / before:.0%}), {result['after_prune']['events']:,} events"
     )
+    print("  on the writer: " + ", ".join(f"{phase} {s:.1f} s" for phase, s in prune["writer_s"].items()))
     if "full_vacuum" in result:
         full = result["after_full_vacuum"]["file_bytes"]
         print(f"after VACUUM ({result['full_vacuum']['elapsed_s']:.0f} s): {_mib(full)} ({full / before:.0%})")

@@ -463,6 +463,26 @@ def test_a_pass_leaves_the_wal_truncated_and_gives_pages_back(tmp_path: Path) ->
     conn.close()
 
 
+def test_compaction_gives_the_log_pages_back(tmp_path: Path) -> None:
+    """2,000 items written once each (1.5 KB, inside their table pages; nothing superseded):
+    a pass compacts them all, and the pages their payloads filled go back to the file, not
+    left as scattered free space in the log's old pages (which nothing new would reuse):
+    the file ends at under two thirds of its size, the rows still whole."""
+    path = tmp_path / "t.sqlite"
+    conn = _connect(path)
+    for command in (*SETUP, c.StartTurn("t-a", "u", "go"), c.MarkTurnRunning("u")):
+        execute(conn, command, None, 1.0)
+    items = [TurnItem(f"u:{n}", "t-a", "u", n, "assistant_message", "completed", None, f"{n} " + "x" * 1500, None, 1.0) for n in range(2000)]
+    for n in range(0, 2000, 50):
+        execute(conn, c.RecordItems("u", tuple(items[n : n + 50])), None, 2.0)
+    pages = conn.execute("PRAGMA page_count").get
+    plan = prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=None, vacuum_slack_pages=16))
+    assert plan.compacted["item snapshots"] >= 2000 and plan.rows["item snapshots"] == 0
+    assert conn.execute("PRAGMA page_count").get < pages * 2 / 3
+    assert conn.execute("SELECT count(*) FROM items WHERE length(body) > 1500").get == 2000
+    conn.close()
+
+
 def test_retention_settings_take_durations_within_their_ranges() -> None:
     """Ages and the interval read seconds or a unit (s, m, h, d); out of range or not a
     duration stops start-up naming the setting and what is allowed; off turns retention off."""

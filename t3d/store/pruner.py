@@ -53,6 +53,7 @@ class PassReport:
     bytes: dict[str, int]  # their stored bytes (events' payloads)
     compacted: dict[str, int]  # events compacted (or, dry, that would be) by phase
     compacted_bytes: dict[str, int]  # the payload bytes they dropped
+    writer_s: dict[str, float]  # the steps' time on the writer, by phase (the pass also pauses)
     cursors: dict[str, int]
     free_pages: int
     more: bool  # there is more to purge: another pass follows at once
@@ -135,6 +136,7 @@ class Pruner:
                 dict(plan.bytes),
                 dict(plan.compacted),
                 dict(plan.compacted_bytes),
+                {phase: round(s, 3) for phase, s in plan.writer_s.items()},
                 dict(plan.cursors),
                 plan.free_pages,
                 more=not dry_run and len(found.purges) >= PURGES_PER_PASS,

@@ -171,12 +171,22 @@ _DELETED_IN_WINDOW = (
 )
 
 
+@attrs.frozen
+class _Compactable:
+    sequence: int
+    kind: str
+    thread_id: str | None
+    entity_id: str
+    created_at: float
+    size: int  # payload bytes
+
+
 def _compactable_sql(kinds: tuple[str, ...]) -> str:
     """The newest event in the window ``(lo, hi]`` (bound as lo, hi, *kinds) of each entity
-    of ``kinds`` whose newest event of all it is, if not compacted yet: (sequence, thread
-    id, payload bytes). A dry run asks the same: deleting older events changes no newest."""
+    of ``kinds`` whose newest event of all it is, if not compacted yet. A dry run asks the
+    same: deleting older events changes no entity's newest."""
     return (
-        "SELECT e.sequence, e.thread_id, length(e.payload) FROM "
+        "SELECT e.sequence, e.kind, e.thread_id, e.entity_id, e.created_at, length(e.payload) FROM "
         "(SELECT kind, entity_id, max(sequence) AS last FROM events "
         f"WHERE sequence > ? AND sequence <= ? AND +kind IN ({_marks(kinds)}) AND +kind != 'thread.deleted' "
         "GROUP BY kind, entity_id) AS w "
@@ -186,12 +196,26 @@ def _compactable_sql(kinds: tuple[str, ...]) -> str:
     )
 
 
-def _compactable(conn: apsw.Connection, step: Window) -> list[tuple[int, str | None, int]]:
+def _compactable(conn: apsw.Connection, step: Window) -> list[_Compactable]:
     kinds = KINDS[step.cls]
     return [
-        (int(s), t, int(n or 0))
-        for s, t, n in conn.execute(_compactable_sql(kinds), (step.lo, step.hi, *kinds))
+        _Compactable(int(s), k, t, e, float(at), int(n or 0))
+        for s, k, t, e, at, n in conn.execute(_compactable_sql(kinds), (step.lo, step.hi, *kinds))
     ]
+
+
+def _compact(conn: apsw.Connection, rows: list[_Compactable]) -> None:
+    """Store each event again with the `COMPACTED` payload, as it was otherwise. Deleted and
+    inserted, not updated: SQLite merges a table page that a delete leaves under a third
+    full with its neighbours, never one an update shrinks, so the space goes back to the
+    free list (and the file) instead of staying scattered in the log's old pages, where
+    nothing new is ever written (events are appended at the log's end)."""
+    conn.executemany("DELETE FROM events WHERE sequence = ?", [(r.sequence,) for r in rows])
+    conn.executemany(
+        "INSERT INTO events(sequence, kind, thread_id, entity_id, payload, created_at) VALUES (?,?,?,?,?,?)",
+        [(r.sequence, r.kind, r.thread_id, r.entity_id, COMPACTED, r.created_at) for r in rows],
+    )
+    _add_value(conn, COMPACTED_COUNT, len(rows))
 
 
 def _window_rows(
@@ -246,24 +270,21 @@ def _window(conn: apsw.Connection, step: Window) -> StepResult:
     superseded, deleted = _window_rows(conn, step, dry=False)
     compact = _compactable(conn, step)
     marks: dict[str, int] = {}
-    for sequence, thread_id, _ in superseded + compact:
+    for sequence, thread_id in [(s, t) for s, t, _ in superseded] + [(r.sequence, r.thread_id) for r in compact]:
         if thread_id is not None:
             marks[thread_id] = max(marks.get(thread_id, 0), sequence)
     for sequence, thread_id, _ in deleted:
         marks[thread_id] = max(marks.get(thread_id, 0), sequence)
         _set_value(conn, SHELL_MARK, sequence)
     _delete_events(conn, [(s, n) for s, _, n in superseded + deleted])
-    conn.executemany(
-        "UPDATE events SET payload = ? WHERE sequence = ?", [(COMPACTED, s) for s, _, _ in compact]
-    )
-    _add_value(conn, COMPACTED_COUNT, len(compact))
+    _compact(conn, compact)
     _raise_marks(conn, marks)
     _set_value(conn, cursor_name(step.cls), step.hi)
     return StepResult(
         rows=len(superseded) + len(deleted),
         bytes=sum(n for *_, n in superseded + deleted),
         compacted=len(compact),
-        compacted_bytes=sum(n for *_, n in compact),
+        compacted_bytes=sum(r.size for r in compact),
     )
 
 
@@ -340,7 +361,7 @@ def count_step(conn: apsw.Connection, step: Step) -> StepResult:
                 rows=len(superseded) + len(deleted),
                 bytes=sum(n for *_, n in superseded + deleted),
                 compacted=len(compact),
-                compacted_bytes=sum(n for *_, n in compact),
+                compacted_bytes=sum(r.size for r in compact),
             )
         elif isinstance(step, Outbox):
             did = StepResult(

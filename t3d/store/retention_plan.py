@@ -221,6 +221,7 @@ class Pass:
     bytes: dict[str, int] = attrs.Factory(dict)
     compacted: dict[str, int] = attrs.Factory(dict)
     compacted_bytes: dict[str, int] = attrs.Factory(dict)
+    writer_s: dict[str, float] = attrs.Factory(dict)  # time on the writer, by phase
     # Progress: units of work done and known so far (events scanned or purged, pages freed).
     done: int = 0
     total: int = 0
@@ -274,6 +275,7 @@ class Pass:
     def finished(self, step: Step, result: StepResult) -> None:
         """Take in what ``step`` did (every step reports the free pages it left)."""
         self._add(phase_of(step), result.rows, result.bytes)
+        self.writer_s[phase_of(step)] = self.writer_s.get(phase_of(step), 0.0) + result.elapsed_s
         if not self.dry_run and not isinstance(step, Vacuum):
             before = self._vacuum_work()
             self.free_pages = result.free_pages
