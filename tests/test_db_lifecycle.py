@@ -52,8 +52,8 @@ def turn_ended(turn_id: str) -> Any:
 
 async def test_a_resume_across_pruned_events_gets_a_snapshot(tmp_path: Path, nursery: trio.Nursery) -> None:
     """A subscriber away while a turn streamed comes back after ``db.prune`` deleted that
-    turn's superseded snapshots: it gets ``base: snapshot`` (a replay would lack events),
-    holding the turn's final items. One that left after the prune gets its replay as before.
+    turn's superseded snapshots and compacted its final ones: it gets ``base: snapshot`` (a
+    replay would lack events), holding the turn's final items (read from their rows). One that left after the prune gets its replay as before.
     A shell subscriber from before a pruned ``thread.deleted`` gets a fresh shell."""
     with trio.fail_after(60):
         daemon = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(ONE_TURN), **PRUNE_ALL)
@@ -69,6 +69,7 @@ async def test_a_resume_across_pruned_events_gets_a_snapshot(tmp_path: Path, nur
             pruned = await finish(actor, await actor.call("db.prune"))
             assert pruned["result"]["rows"]["item snapshots"] > 0
             assert pruned["result"]["rows"]["thread-state events"] > 0
+            assert pruned["result"]["compacted"]["item snapshots"] > 0, "the turn's final items are their rows only"
             # The pass a delete wakes (ages 0 here) takes the thread's events, thread.deleted too.
             await actor.call("thread.delete", thread_id=other)
             await wait_until(lambda: _events_of(daemon, other, 0))
