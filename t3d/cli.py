@@ -164,6 +164,8 @@ async def _serve(settings: Settings, notify: NotifyTarget | None, interactive: b
         if settings.log_format == "text":  # json: the "serving" record says it, as a JSON line
             print(f"t3d serving on {info.url}", file=sys.stderr, flush=True)
             print(f"token: {info.token_path}", file=sys.stderr, flush=True)
+            if info.sign_in_link is not None and sys.stderr.isatty():  # a person reads this, not a log
+                print(f"web page: {info.sign_in_link()} (works once, for 60 s; `t3d ctl open` makes another)", file=sys.stderr, flush=True)
 
 
 def serve(args: argparse.Namespace) -> int:

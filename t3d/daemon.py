@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -64,6 +65,8 @@ class DaemonInfo:
     url: str
     port: int
     token_path: str
+    # A new one-time sign-in link to the web page, each call (t3d/api/web_page.py).
+    sign_in_link: Callable[[], str] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.define
@@ -262,7 +265,7 @@ async def _run_daemon(
                     "t3d %s serving on %s (token in %s)", _version(), url, token_path,
                     extra={"event": "serving", "url": url, "token_path": str(token_path)},
                 )  # fmt: skip
-                task_status.started(DaemonInfo(url, port, str(token_path)))
+                task_status.started(DaemonInfo(url, port, str(token_path), app.web.sign_in_url))
     if lost:
         raise WriterLostError("the database writer thread died") from lost[0]
 

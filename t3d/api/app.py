@@ -1,11 +1,12 @@
 """The API application: HTTP routes, and WebSocket connections with subscriptions.
 
 Rules:
-- Everything but ``GET /api/health`` needs ``Authorization: Bearer <token>``;
-  ``GET /metrics`` too, unless ``--metrics-open loopback`` and the scraper connects
-  from a loopback address.
-  WebSocket upgrades are accepted only on ``/ws``, with the token, and from no
-  Origin or a loopback one.
+- Everything but ``GET /api/health`` and the web page's own routes needs
+  ``Authorization: Bearer <token>``, or the page's session cookie from its own origin
+  (t3d/api/web_page.py); ``GET /metrics`` too, unless ``--metrics-open loopback`` and
+  the scraper connects from a loopback address.
+  WebSocket upgrades are accepted only on ``/ws``, with the token or the cookie, and
+  from no Origin or a loopback one.
 - On a WebSocket each request runs in its own task (at most
   `MAX_IN_FLIGHT` per connection; beyond that the connection stops reading).
   A bad frame gets an error reply; the connection stays up.
@@ -43,6 +44,7 @@ from t3d.api.mcp import McpServer
 from t3d.api.mcp_tools import McpTools
 from t3d.api.methods import Methods, thread_not_found
 from t3d.api.transport import HttpRequest, HttpResponse
+from t3d.api.web_page import WebPage
 from t3d.errors import DatabaseUnavailableError, SpawnerError, T3dError
 from t3d.live.budget import CONNECTION_BYTES
 from t3d.live.hub import Hub
@@ -114,6 +116,8 @@ class ApiApp:
         self._bound = bound
         self._schema: bytes | None = None
         self.mcp = McpServer(McpTools(methods, self._shell_json))
+        # The web page, its sign-in links and cookie sessions (t3d/api/web_page.py).
+        self.web = WebPage(token, bound)
 
     def live_statistics(self) -> dict[str, int]:
         """For /api/health: what the open WebSocket connections hold for their clients,
@@ -144,7 +148,9 @@ class ApiApp:
             return await self.mcp.handle(request, origin_ok=origin_ok, token_ok=bearer_ok(request.headers, self._token))
         if request.path == "/metrics" and request.method == "GET" and self._metrics is not None:
             return await self._serve_metrics(request)
-        if not bearer_ok(request.headers, self._token):
+        if (page := await self.web.handle(request)) is not None:
+            return page
+        if not (bearer_ok(request.headers, self._token) or self.web.session_ok(request)):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
         try:
             try:
@@ -254,7 +260,7 @@ class ApiApp:
         host, port = self._bound()
         if not origin_allowed(request.headers.get("origin"), host, port):
             return _error(403, "forbidden_origin", "WebSocket upgrades from a foreign Origin are refused; connect from a loopback page or a non-browser client")
-        if not bearer_ok(request.headers, self._token):
+        if not (bearer_ok(request.headers, self._token) or self.web.session_ok(request, upgrade=True)):
             return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
         return None
 
@@ -262,7 +268,8 @@ class ApiApp:
         connection = WsConnection(self, ws)
         self.connections.add(connection)
         try:
-            await connection.run()
+            with self.web.held(request):  # a browser's connection ends with its session
+                await connection.run()
         finally:
             self.connections.discard(connection)
 

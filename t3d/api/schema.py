@@ -82,11 +82,15 @@ EVENT_KINDS: tuple[str, ...] = (*get_args(EventKind), "shell.updated", "shell.re
 
 
 def entity_definitions() -> dict[str, Schema]:
-    counts = {"turn_count": req(integer(0)), "item_count": req(integer(0))}
+    counts = {
+        "turn_count": req(integer(0)),
+        "item_count": req(integer(0)),
+        "last_activity_at": req(nullable(number()), "the latest time of its newest turn (asked, started or ended); null before its first turn"),
+    }
     return {
         "Project": entity_schema(Project),
         "Thread": entity_schema(Thread),
-        "ShellThread": entity_schema(Thread, extra=counts, description="a thread's row in the shell, with its maintained counts"),
+        "ShellThread": entity_schema(Thread, extra=counts, description="a thread's row in the shell, with its maintained counts and last activity"),
         "Turn": entity_schema(Turn),
         "TurnItem": entity_schema(TurnItem),
         "RuntimeRequest": entity_schema(RuntimeRequest),

@@ -185,8 +185,9 @@ def _http_failure(endpoint: Endpoint, path: str, status: int, body: bytes) -> Ct
     return CtlError(f"{endpoint.url}{path} answered HTTP {status}: {detail or 'no details'}")
 
 
-async def http_get_json(endpoint: Endpoint, path: str, *, token: str | None = None) -> Any:
-    """GET ``path`` and return its decoded JSON body; any non-200 reply is a CtlError.
+async def http_get_json(endpoint: Endpoint, path: str, *, token: str | None = None, method: str = "GET") -> Any:
+    """GET ``path`` (or another bodiless ``method``) and return its decoded JSON body; any
+    non-200 reply is a CtlError.
 
     The whole exchange is bounded by HTTP_TIMEOUT_S.
     """
@@ -196,6 +197,8 @@ async def http_get_json(endpoint: Endpoint, path: str, *, token: str | None = No
         ("Connection", "close"),
         ("User-Agent", "t3d-ctl"),
     ]
+    if method != "GET":
+        headers.append(("Content-Length", "0"))
     if token is not None:
         headers.append(("Authorization", f"Bearer {token}"))
     with trio.move_on_after(HTTP_TIMEOUT_S) as scope:
@@ -207,11 +210,11 @@ async def http_get_json(endpoint: Endpoint, path: str, *, token: str | None = No
         async with stream:
             try:
                 status, body = await _exchange(
-                    stream, h11.Request(method="GET", target=path, headers=headers)
+                    stream, h11.Request(method=method, target=path, headers=headers)
                 )
             except (OSError, trio.BrokenResourceError) as exc:
                 raise CtlError(
-                    f"the connection to {endpoint.url} broke during GET {path} ({exc}); "
+                    f"the connection to {endpoint.url} broke during {method} {path} ({exc}); "
                     "check that the daemon is still running with `t3d ctl status`"
                 ) from exc
             except h11.ProtocolError as exc:
@@ -221,7 +224,7 @@ async def http_get_json(endpoint: Endpoint, path: str, *, token: str | None = No
                 ) from exc
     if scope.cancelled_caught:
         raise CtlError(
-            f"the daemon at {endpoint.url} did not answer GET {path} within {HTTP_TIMEOUT_S:g} s; "
+            f"the daemon at {endpoint.url} did not answer {method} {path} within {HTTP_TIMEOUT_S:g} s; "
             "it may be overloaded or stuck: check its log (journalctl --user -u t3d)"
         )
     if status != 200:

@@ -41,12 +41,13 @@ from t3d.ctl import (
     top,
     turn,
 )
+from t3d.ctl import open as open_page
 from t3d.ctl.client import EXIT_OK, EXIT_SIGINT, EXIT_USAGE, CtlError, Endpoint, unwrap_group
 from t3d.ctl.hints import ctl_hints
 from t3d.ctl.terminal import err
 from t3d.errors import ConfigError
 
-COMMAND_MODULES = (admin, threads, turn, follow, lifecycle, diff, requests, service, db, top, completion)
+COMMAND_MODULES = (admin, threads, turn, follow, lifecycle, diff, requests, service, db, top, open_page, completion)
 
 EXIT_CODES_HELP = (
     "exit status: 0 success (attach and threads --watch: also when Ctrl-C ends them); 1 the "

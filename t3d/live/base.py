@@ -67,7 +67,7 @@ def thread_parts(raw: SnapshotRaw) -> Parts | None:
 
 def shell_parts(raw: ShellRaw) -> Parts:
     elements = [(0, p) for p in raw.projects]
-    elements += [(1, shell_payload(body, turns, items)) for body, turns, items in raw.threads]
+    elements += [(1, shell_payload(*row)) for row in raw.threads]
     return Parts((("sequence", b"%d" % raw.sequence),), SHELL_LISTS, tuple(elements))
 
 

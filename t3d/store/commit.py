@@ -206,16 +206,23 @@ def _enqueue(conn: apsw.Connection, effect: Effect, now: float) -> tuple[int, Ef
     return conn.last_insert_rowid(), effect
 
 
+# A thread's shell columns: its body, its maintained counts, and its last activity (the
+# latest time of its newest turn: asked, started or ended; one indexed row per thread).
 SHELL_SQL = (
-    "SELECT t.body, coalesce(n.turns, 0), coalesce(n.items, 0) "
+    "SELECT t.body, coalesce(n.turns, 0), coalesce(n.items, 0), "
+    "(SELECT max(json_extract(CAST(u.body AS TEXT), '$.requested_at'), "
+    "coalesce(json_extract(CAST(u.body AS TEXT), '$.started_at'), 0), "
+    "coalesce(json_extract(CAST(u.body AS TEXT), '$.completed_at'), 0)) "
+    "FROM turns u WHERE u.thread_id = t.id ORDER BY u.ordinal DESC LIMIT 1) "
     "FROM threads t LEFT JOIN thread_counts n ON n.thread_id = t.id"
 )
+ShellColumns = tuple[bytes, int, int, float | None]
 
 
-def shell_payload(body: bytes, turns: int, items: int) -> bytes:
-    """The thread's stored JSON object with its maintained counts added, spliced in as bytes:
-    a shell of thousands of threads decodes none of them."""
-    counts = b'"turn_count":%d,"item_count":%d}' % (turns, items)
+def shell_payload(body: bytes, turns: int, items: int, last_activity: float | None = None) -> bytes:
+    """The thread's stored JSON object with its maintained counts and its last activity added,
+    spliced in as bytes: a shell of thousands of threads decodes none of them."""
+    counts = b'"turn_count":%d,"item_count":%d,"last_activity_at":%s}' % (turns, items, orjson.dumps(last_activity))
     return body[:-1] + (b"," if body != b"{}" else b"") + counts
 
 
@@ -233,7 +240,7 @@ def _shell_rows(conn: apsw.Connection, events: tuple[StoredEvent, ...]) -> tuple
     rows = []
     for thread_id, sequence in last.items():
         payload = None
-        for body, turns, items in conn.execute(SHELL_SQL + " WHERE t.id = ?", (thread_id,)):
-            payload = shell_payload(body, turns, items)
+        for row in conn.execute(SHELL_SQL + " WHERE t.id = ?", (thread_id,)):
+            payload = shell_payload(*row)
         rows.append(ShellRow(thread_id, sequence, payload))
     return tuple(rows)

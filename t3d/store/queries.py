@@ -15,7 +15,7 @@ import orjson
 
 from t3d.domain.codec import converter
 from t3d.domain.model import RuntimeRequest, Turn, TurnItem
-from t3d.store.commit import SHELL_SQL, shell_payload
+from t3d.store.commit import SHELL_SQL, ShellColumns, shell_payload
 from t3d.store.read_classes import ReadClass
 from t3d.store.schema import TERMINAL
 
@@ -146,14 +146,14 @@ def decode_snapshot(raw: SnapshotRaw) -> dict[str, Any] | None:
 class ShellRaw:
     sequence: int
     projects: list[bytes]
-    threads: list[tuple[bytes, int, int]]
+    threads: list[ShellColumns]
 
 
 def shell_query(conn: apsw.Connection) -> ShellRaw:
     return ShellRaw(
         current_sequence(conn),
         _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ()),
-        [(b, t, i) for b, t, i in conn.execute(SHELL_SQL + " ORDER BY t.rowid")],
+        [(b, t, i, a) for b, t, i, a in conn.execute(SHELL_SQL + " ORDER BY t.rowid")],
     )
 
 
@@ -161,7 +161,7 @@ def decode_shell(raw: ShellRaw) -> dict[str, Any]:
     return {
         "sequence": raw.sequence,
         "projects": _loads(raw.projects),
-        "threads": [orjson.loads(shell_payload(b, t, i)) for b, t, i in raw.threads],
+        "threads": [orjson.loads(shell_payload(*row)) for row in raw.threads],
     }
 
 

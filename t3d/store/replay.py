@@ -21,7 +21,7 @@ from collections.abc import Iterable
 import apsw
 import attrs
 
-from t3d.store.commit import SHELL_KINDS, SHELL_SQL
+from t3d.store.commit import SHELL_KINDS, SHELL_SQL, ShellColumns
 from t3d.store.queries import ShellRaw, SnapshotRaw, current_sequence, shell_query, snapshot_query
 from t3d.store.retention import shell_pruned_through, thread_pruned_through
 from t3d.store.retention_plan import COMPACTED
@@ -74,7 +74,7 @@ class ShellReplayRaw:
     sequence: int
     projects: list[tuple[int, bytes]]  # (sequence, payload) of each project.updated
     # (thread id, sequence of its last shell-moving event, its shell row or None if gone)
-    threads: list[tuple[str, int, tuple[bytes, int, int] | None]]
+    threads: list[tuple[str, int, ShellColumns | None]]
 
 
 _SHELL_EVENT_KINDS = tuple(sorted(SHELL_KINDS | {"project.updated"}))
@@ -107,11 +107,11 @@ def shell_resume_query(after: int, max_events: int, max_bytes: int, max_scan: in
                     projects.append((seq, payload))
                 elif thread_id is not None:
                     touched[thread_id] = seq
-            threads: list[tuple[str, int, tuple[bytes, int, int] | None]] = []
+            threads: list[tuple[str, int, ShellColumns | None]] = []
             for thread_id, seq in touched.items():
                 row = None
-                for body, turns, items in conn.execute(SHELL_SQL + " WHERE t.id = ?", (thread_id,)):
-                    row = (body, turns, items)
+                for body, turns, items, activity in conn.execute(SHELL_SQL + " WHERE t.id = ?", (thread_id,)):
+                    row = (body, turns, items, activity)
                 threads.append((thread_id, seq, row))
             return ShellReplayRaw(sequence, projects, threads)
         return shell_query(conn)
