@@ -1,79 +1,20 @@
-"""Headless Chromium for the web page's tests and benchmark: Debian's chromium and
-chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver), driven by Selenium.
-
-Nothing is downloaded: the driver's path is given, so Selenium Manager is never asked.
-`chromium_missing` says why a test must skip (the packages are not installed, or
-selenium is not). `open_browser` starts a fresh profile each time, with the flags this
-machine needs (no sandbox as root, no GPU, no background networking: its closed network
-refuses those connections). `Page` wraps a driver for Trio tests: every WebDriver call
-runs in a worker thread, so the in-process daemon keeps serving meanwhile, and every wait
-polls for a condition (no sleeps as synchronisation).
+"""Headless Chromium for the web page's tests: the launcher is bench/chromium.py (Debian's
+chromium and chromium-driver, nothing downloaded); `Page` wraps a driver for Trio tests:
+every WebDriver call runs in a worker thread, so the in-process daemon keeps serving
+meanwhile, and every wait polls for a condition (no sleeps as synchronisation).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import trio
 
-CHROMIUM = os.environ.get("T3D_TEST_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("T3D_TEST_CHROMEDRIVER", "/usr/bin/chromedriver")
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-default-apps",
-    "--disable-extensions",
-    "--mute-audio",
-)
+from bench.chromium import chromium_missing, open_browser
 
-
-def chromium_missing() -> str | None:
-    """Why the browser tests cannot run here, or None when they can."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[test]')"
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not os.access(path, os.X_OK):
-            return f"{path} is missing: install Debian's {package} (apt-get install chromium chromium-driver; .ci/run does)"
-    return None
-
-
-@contextmanager
-def open_browser(width: int = 1280, height: int = 860, *, dark: bool = False) -> Iterator[Any]:
-    """A headless Chromium with a fresh, empty profile, quit (and its profile removed) at exit."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="t3d-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={profile}", f"--window-size={width},{height}"):
-        options.add_argument(flag)
-    if dark:
-        options.add_argument("--force-dark-mode")
-        options.add_argument("--blink-settings=preferredColorScheme=0")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        try:
-            driver.quit()
-        finally:
-            shutil.rmtree(profile, ignore_errors=True)
+__all__ = ["Page", "chromium_missing", "open_browser"]
 
 
 class Page:

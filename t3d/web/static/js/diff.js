@@ -31,6 +31,7 @@ export function diffPanel(rpc, threadId, ordinal, onError) {
       else note.textContent = page.truncated ? "The diff is longer than git's 8 MiB cap; what follows is its start." : "";
       note.hidden = !note.textContent;
       appendDiff(pre, page.diff);
+      if (offset === 0) panel.scrollIntoView({ block: "nearest" });
       offset = page.next_offset ?? offset;
       more.hidden = page.next_offset === null || page.next_offset === undefined;
     } catch (error) {

@@ -86,7 +86,9 @@ const list = new ThreadList({
     if (focus) view.focusTitle();
   },
 });
+Object.assign(window.__t3d, { rpc, list });
 const view = new ThreadView({ root: $("thread-view"), rpc, list, ui });
+window.__t3d.view = view;
 const pressure = new PressureBanner({ root: $("pressure"), rpc, list, ui });
 
 function route() {

@@ -71,6 +71,7 @@ export class Rpc {
     this.stopped = false;
     this.everOpened = false;
     this.state = "connecting";
+    this.replies = []; // the last subscribe replies ({method, base}), for tests and the curious
   }
 
   start() {
@@ -188,6 +189,8 @@ export class Rpc {
         }
         sub.sub = result.sub;
         this.byServerId.set(result.sub, sub);
+        this.replies.push({ method: sub.method, base: result.base });
+        if (this.replies.length > 50) this.replies.shift();
         if (sub.handler.onReply) sub.handler.onReply(result);
         // Notifications that came before this reply was handled were kept: deliver them.
         const early = this._early && this._early.get(result.sub);

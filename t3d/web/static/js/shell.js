@@ -10,6 +10,7 @@ import { ago, absoluteTime, h, projectName, statusText, threadTitle } from "./ut
 
 export const ROW_HEIGHT = 60;
 const OVERSCAN = 6;
+const LIVE_MS = 200;
 const STATUS_FILTERS = [
   ["active", "Active (not archived)"],
   ["waiting", "Waiting for you"],
@@ -20,6 +21,17 @@ const STATUS_FILTERS = [
   ["all", "All"],
 ];
 
+/** Waiting for you first, then by last activity, newest first; ties by id (a total order). */
+function order(a, b) {
+  const wa = a.status === "waiting" ? 1 : 0;
+  const wb = b.status === "waiting" ? 1 : 0;
+  if (wa !== wb) return wb - wa;
+  const ta = a.last_activity_at ?? a.created_at ?? 0;
+  const tb = b.last_activity_at ?? b.created_at ?? 0;
+  if (ta !== tb) return tb - ta;
+  return a.id < b.id ? -1 : a.id > b.id ? 1 : 0;
+}
+
 export class ThreadList {
   constructor({ root, rpc, onCounts, onOpen }) {
     this.root = root;
@@ -29,6 +41,7 @@ export class ThreadList {
     this.threads = new Map(); // id -> shell row (with _v, a local version)
     this.projects = new Map();
     this.prompts = new Map(); // thread id -> pending prompts
+    this.providers = new Set();
     this.view = []; // the filtered, sorted rows
     this.selected = null;
     this.filters = { text: "", status: "active", project: "", provider: "" };
@@ -94,6 +107,7 @@ export class ThreadList {
           this.threads.set(t.id, t);
         }
         this._projectsChanged();
+        this._providersChanged();
         this.viewDirty = true;
         this._schedule();
         this._loadPrompts();
@@ -104,17 +118,19 @@ export class ThreadList {
           const before = this.threads.get(entity.id);
           entity._v = ++this.version;
           this.threads.set(entity.id, entity);
-          if (!before || before.provider !== entity.provider) this._projectsChanged();
+          this._place(before, entity);
+          if (!this.providers.has(entity.provider)) this._providersChanged();
           if ((before && before.status) !== entity.status && (entity.status === "waiting" || (before && before.status === "waiting"))) refreshPrompts();
         } else if (event.kind === "shell.removed") {
+          this._place(this.threads.get(entity.id), null);
           this.threads.delete(entity.id);
           this.prompts.delete(entity.id);
         } else if (event.kind === "project.updated") {
           this.projects.set(entity.id, entity);
           this._projectsChanged();
+          this.viewDirty = true; // names and paths are searched
         }
-        this.viewDirty = true;
-        this._schedule();
+        this._scheduleLive();
       },
     });
   }
@@ -124,6 +140,7 @@ export class ThreadList {
       const { requests } = await this.rpc.call("requests.pending", {});
       this.prompts.clear();
       for (const r of requests) this.prompts.set(r.thread_id, (this.prompts.get(r.thread_id) || 0) + 1);
+      this._promptsDirty = true;
       for (const row of this.rowPool) row._key = null;
       this._schedule();
     } catch {
@@ -131,15 +148,20 @@ export class ThreadList {
     }
   }
 
-  /** Prompts waiting across every thread (threads waiting without a count yet count one). */
+  /** Prompts waiting across every thread (a thread waiting without a count yet counts one). */
   promptTotal() {
+    if (this._promptsDirty) this._countPrompts();
+    return this._promptTotal;
+  }
+
+  _countPrompts() {
     let total = 0;
     for (const t of this.threads.values()) {
-      if (t.archived_at) continue;
-      const n = this.prompts.get(t.id) || 0;
-      total += n || (t.status === "waiting" ? 1 : 0);
+      if (t.archived_at || t.status !== "waiting") continue;
+      total += this.prompts.get(t.id) || 1;
     }
-    return total;
+    this._promptTotal = total;
+    this._promptsDirty = false;
   }
 
   _projectsChanged() {
@@ -147,7 +169,11 @@ export class ThreadList {
     const projects = [...this.projects.values()].sort((a, b) => projectName(a).localeCompare(projectName(b)));
     this.projectSelect.replaceChildren(h("option", { value: "" }, "All projects"), ...projects.map((p) => h("option", { value: p.id }, projectName(p))));
     this.projectSelect.value = this.projects.has(current) ? current : "";
-    const providers = [...new Set([...this.threads.values()].map((t) => t.provider))].sort();
+  }
+
+  _providersChanged() {
+    this.providers = new Set([...this.threads.values()].map((t) => t.provider));
+    const providers = [...this.providers].sort();
     const chosen = this.providerSelect.value;
     this.providerSelect.replaceChildren(h("option", { value: "" }, "All providers"), ...providers.map((p) => h("option", { value: p }, p)));
     this.providerSelect.value = providers.includes(chosen) ? chosen : "";
@@ -183,15 +209,42 @@ export class ThreadList {
   _rebuildView() {
     const rows = [];
     for (const t of this.threads.values()) if (this._matches(t)) rows.push(t);
-    // Waiting for you first, then by last activity, newest first.
-    rows.sort((a, b) => {
-      const wa = a.status === "waiting" ? 1 : 0;
-      const wb = b.status === "waiting" ? 1 : 0;
-      if (wa !== wb) return wb - wa;
-      return (b.last_activity_at ?? b.created_at ?? 0) - (a.last_activity_at ?? a.created_at ?? 0);
-    });
+    rows.sort(order);
     this.view = rows;
     this.viewDirty = false;
+    this._countPrompts();
+  }
+
+  /** One row changed (``before`` -> ``after``, either may be missing): move it in the sorted
+   * view without sorting the rest. */
+  _place(before, after) {
+    if (before && before.status === "waiting") this._promptsDirty = true;
+    if (after && after.status === "waiting") this._promptsDirty = true;
+    if (this.viewDirty) return;
+    if (before) {
+      const index = this.view.indexOf(before);
+      if (index >= 0) this.view.splice(index, 1);
+    }
+    if (after && this._matches(after)) {
+      let low = 0;
+      let high = this.view.length;
+      while (low < high) {
+        const mid = (low + high) >> 1;
+        if (order(this.view[mid], after) <= 0) low = mid + 1;
+        else high = mid;
+      }
+      this.view.splice(low, 0, after);
+    }
+  }
+
+  /** Live updates draw at most every LIVE_MS (a list need not move at 60 frames a second);
+   * what the person does (scrolling, filtering) draws at the next frame. */
+  _scheduleLive() {
+    if (this.liveTimer) return;
+    this.liveTimer = setTimeout(() => {
+      this.liveTimer = 0;
+      this._schedule();
+    }, LIVE_MS);
   }
 
   _schedule() {
@@ -206,7 +259,8 @@ export class ThreadList {
   render() {
     if (this.viewDirty) this._rebuildView();
     const n = this.view.length;
-    this.spacer.style.height = `${n * ROW_HEIGHT}px`;
+    const height_ = `${n * ROW_HEIGHT}px`;
+    if (this.spacer.style.height !== height_) this.spacer.style.height = height_;
     const top = this.viewport.scrollTop;
     const height = this.viewport.clientHeight || 600;
     const first = Math.max(0, Math.floor(top / ROW_HEIGHT) - OVERSCAN);
@@ -286,6 +340,9 @@ export class ThreadList {
   _summarize(shown) {
     const total = this.threads.size;
     const prompts = this.promptTotal();
+    const key = `${shown}:${total}:${prompts}:${this.populated}`;
+    if (this._summaryKey === key) return;
+    this._summaryKey = key;
     const count = this.summary.firstChild;
     const noun = total === 1 ? "thread" : "threads";
     count.textContent = shown === total ? `${total.toLocaleString()} ${noun}` : `${shown.toLocaleString()} of ${total.toLocaleString()} ${noun}`;

@@ -23,6 +23,8 @@ const MAX_TURNS = 60;
 const ACTIVE = new Set(["starting", "running", "waiting"]);
 const TERMINAL = new Set(["completed", "interrupted", "failed", "cancelled"]);
 const PAGE_TURNS = 10;
+// Time a frame may spend drawing the turns of a thread just opened.
+const SLICE_MS = 12;
 
 export class ThreadView {
   constructor({ root, rpc, list, ui }) {
@@ -100,7 +102,10 @@ export class ThreadView {
     );
     this.olderButton = h("button", { type: "button", class: "small older", hidden: true, onclick: () => this.loadOlder() }, "Load older turns");
     this.status = h("p", { class: "thread-status", hidden: true });
-    this.turnsEl = h("div", { class: "turns", id: "turns", tabindex: "-1", "aria-label": "Turns" }, this.olderButton, this.status);
+    // The last child is the scroll anchor: while it is in view (the reader is at the bottom),
+    // the browser keeps it there as turns grow above it, with no layout read by script.
+    this.anchor = h("div", { class: "scroll-anchor", "aria-hidden": "true" });
+    this.turnsEl = h("div", { class: "turns", id: "turns", tabindex: "-1", "aria-label": "Turns" }, this.olderButton, this.status, this.anchor);
     this.textarea = h("textarea", { id: "composer-text", rows: "2", placeholder: "Message for the next turn (Ctrl+Enter sends)", "aria-describedby": "composer-hint" });
     this.sendButton = h("button", { type: "submit", class: "primary" }, "Send");
     this.hint = h("p", { id: "composer-hint", class: "composer-hint" });
@@ -220,11 +225,18 @@ export class ThreadView {
     try {
       const page = await this.rpc.snapshot({ thread_id: s.id, turn_limit: PAGE_TURNS, before: s.before });
       if (this.state !== s) return;
-      for (const t of page.turns || []) if (!s.turns.has(t.id)) s.turns.set(t.id, t);
-      for (const i of page.items || []) if (!s.items.has(i.id)) s.items.set(i.id, i);
+      for (const t of page.turns || []) {
+        if (s.turns.has(t.id)) continue;
+        s.turns.set(t.id, t);
+        s.dirtyTurns.add(t.id);
+      }
+      for (const i of page.items || []) {
+        if (s.items.has(i.id)) continue;
+        s.items.set(i.id, i);
+        s.dirtyItems.add(i.id);
+      }
       s.hasMore = !!page.has_more;
       s.before = page.before ?? null;
-      s.full = true;
       const anchor = this.turnsEl.scrollHeight - this.turnsEl.scrollTop;
       this._flush(s);
       this.turnsEl.scrollTop = this.turnsEl.scrollHeight - anchor;
@@ -247,19 +259,17 @@ export class ThreadView {
   }
 
   _flush(s) {
-    const el = this.turnsEl;
-    const atBottom = el.scrollTop + el.clientHeight >= el.scrollHeight - 48;
     if (s.full) {
       s.full = false;
       for (const section of s.sections.values()) section.remove();
       s.sections.clear();
       s.itemEls.clear();
-      const turns = [...s.turns.values()].sort((a, b) => a.ordinal - b.ordinal);
-      for (const turn of turns) this._renderTurn(s, turn);
-      for (const item of this._itemsInOrder(s)) this._renderItem(s, item);
+      // Drawn newest turn first, a frame's slice at a time, so that a long thread opens
+      // without one long task; live changes meanwhile are drawn as they come.
+      s.backlog = [...s.turns.values()].sort((a, b) => b.ordinal - a.ordinal).map((t) => t.id);
       s.dirtyTurns.clear();
       s.dirtyItems.clear();
-      this.status.hidden = !(s.loaded && turns.length === 0 && !s.gone);
+      this.status.hidden = !(s.loaded && s.turns.size === 0 && !s.gone);
       if (!this.status.hidden) this.status.textContent = "No turns yet: send the first message below.";
     } else {
       for (const id of s.dirtyTurns) {
@@ -274,25 +284,37 @@ export class ThreadView {
       s.dirtyTurns.clear();
       s.dirtyItems.clear();
     }
+    if (s.backlog && s.backlog.length) this._drawBacklog(s);
     this.olderButton.hidden = !s.hasMore;
     this._renderHeader(s);
-    if (atBottom || !s.scrolledOnce) {
-      el.scrollTop = el.scrollHeight;
-      s.scrolledOnce = s.loaded;
+    if (s.loaded && !s.scrolledOnce) {
+      // Once, after the first snapshot is drawn: start at the bottom (the layout is read
+      // after the browser's own, in the next frame).
+      s.scrolledOnce = true;
+      requestAnimationFrame(() => this.anchor.scrollIntoView({ block: "end" }));
     }
   }
 
-  _itemsInOrder(s) {
-    const order = new Map([...s.turns.values()].map((t) => [t.id, t.ordinal]));
-    return [...s.items.values()]
-      .filter((i) => order.has(i.turn_id))
-      .sort((a, b) => order.get(a.turn_id) - order.get(b.turn_id) || itemOrder(a) - itemOrder(b));
+  _drawBacklog(s) {
+    const deadline = performance.now() + SLICE_MS;
+    const byTurn = new Map();
+    for (const item of s.items.values()) {
+      if (!byTurn.has(item.turn_id)) byTurn.set(item.turn_id, []);
+      byTurn.get(item.turn_id).push(item);
+    }
+    while (s.backlog.length && performance.now() < deadline) {
+      const turn = s.turns.get(s.backlog.shift());
+      if (!turn) continue;
+      this._renderTurn(s, turn);
+      for (const item of (byTurn.get(turn.id) || []).sort((a, b) => itemOrder(a) - itemOrder(b))) this._renderItem(s, item);
+    }
+    if (s.backlog.length) this._schedule(s);
   }
 
   _renderHeader(s) {
     const t = s.thread;
     if (!this.title) return;
-    this.title.textContent = t ? threadTitle(t) : s.gone ? "Thread gone" : "Loading…";
+    put(this.title, t ? threadTitle(t) : s.gone ? "Thread gone" : "Loading…");
     const project = t ? this.list.projectOf(t) : null;
     const running = [...s.turns.values()].some((turn) => ACTIVE.has(turn.status));
     const queued = [...s.turns.values()].filter((turn) => turn.status === "queued").length;
@@ -301,16 +323,16 @@ export class ThreadView {
     if (t) parts.push(t.provider + (t.model ? ` (${t.model})` : ""));
     if (t) parts.push(statusText(t.status, t.queue_reason));
     if (queued) parts.push(`${queued} queued turn${queued === 1 ? "" : "s"}`);
-    this.meta.textContent = parts.join(" · ");
+    put(this.meta, parts.join(" · "));
     this.meta.dataset.status = t ? t.status : "";
     this.interruptButton.disabled = !(running || queued);
     this.forceButton.disabled = !t || s.gone;
     this.sendButton.disabled = !t || s.gone || !!t.archived_at;
-    this.hint.textContent = t && t.archived_at
+    put(this.hint, t && t.archived_at
       ? "This thread is archived; it takes no new turns."
       : running
         ? "A turn is running: a new message waits as a queued turn until it ends."
-        : "";
+        : "");
     this.hint.hidden = !this.hint.textContent;
   }
 
@@ -330,7 +352,7 @@ export class ThreadView {
     for (const other of s.sections.values()) {
       if (other._ordinal > turn.ordinal && (!next || other._ordinal < next._ordinal)) next = other;
     }
-    this.turnsEl.insertBefore(section, next || null);
+    this.turnsEl.insertBefore(section, next || this.anchor);
     s.sections.set(turn.id, section);
     return section;
   }
@@ -338,12 +360,12 @@ export class ThreadView {
   _renderTurn(s, turn) {
     const section = this._section(s, turn);
     section.className = `turn st-${turn.status}${turn.reverted_at ? " reverted" : ""}`;
-    section._heading.textContent = `Turn ${turn.ordinal}`;
+    put(section._heading, `Turn ${turn.ordinal}`);
     const bits = [statusText(turn.status, turn.queue_reason)];
     if (turn.started_at && turn.completed_at) bits.push(duration(turn.completed_at - turn.started_at));
     if (typeof turn.cost_usd === "number") bits.push(`$${turn.cost_usd.toFixed(4)}`);
     if (turn.interrupt_requested_at && !TERMINAL.has(turn.status)) bits.push("interrupt asked");
-    section._info.textContent = bits.join(" · ");
+    put(section._info, bits.join(" · "));
     section._info.title = absoluteTime(turn.completed_at || turn.started_at || turn.requested_at);
     let note = section.querySelector(":scope > .turn-note");
     const text = [
@@ -488,6 +510,11 @@ export async function forceStop(rpc, ui, threadId) {
   }
 }
 
+/** Set an element's text only when it changed (an equal write still costs a layout). */
+function put(el, text) {
+  if (el.textContent !== text) el.textContent = text;
+}
+
 function itemOrder(item) {
   return item.kind === "checkpoint" ? 1e9 : item.ordinal;
 }
@@ -507,14 +534,28 @@ function once(el, build) {
   }
 }
 
+/** Streamed text grows at its end: append the new part to the one text node when it does,
+ * so the browser lays out only what was added; replace it otherwise. */
+function setText(el, text) {
+  const shown = el._shown ?? "";
+  if (text === shown) return;
+  if (el._node && text.startsWith(shown)) el._node.appendData(text.slice(shown.length));
+  else {
+    el._node = document.createTextNode(text);
+    el._text.replaceChildren(el._node);
+  }
+  el._shown = text;
+}
+
 function renderMessage(s, el, item) {
   once(el, (el) => {
     const who = { user_message: "You", assistant_message: "Agent" }[item.kind] || "";
     el._text = h("div", { class: "text" });
     el.append(h("div", { class: "who" }, who), el._text);
   });
-  el.className = `item msg ${item.kind === "user_message" ? "user" : "assistant"}${item.status === "streaming" ? " streaming" : ""}`;
-  if (el._text.textContent !== (item.text || "")) el._text.textContent = item.text || "";
+  const cls = `item msg ${item.kind === "user_message" ? "user" : "assistant"}${item.status === "streaming" ? " streaming" : ""}`;
+  if (el.className !== cls) el.className = cls;
+  setText(el, item.text || "");
   truncationNote.call(this, el, item, ["text"]);
 }
 
@@ -524,7 +565,7 @@ function renderReasoning(s, el, item) {
     el.append(h("details", { class: "reasoning" }, h("summary", null, "Thinking"), el._text));
   });
   el.className = "item reasoning-item";
-  if (el._text.textContent !== (item.text || "")) el._text.textContent = item.text || "";
+  setText(el, item.text || "");
 }
 
 function renderTool(s, el, item) {
@@ -541,11 +582,12 @@ function renderTool(s, el, item) {
     el.append(details);
   });
   el._item = item;
-  el.className = `item tool-item st-${item.status}`;
+  const cls = `item tool-item st-${item.status}`;
+  if (el.className !== cls) el.className = cls;
   const data = item.data || {};
-  el._name.textContent = item.title || data.name || (item.kind === "command" ? "Command" : "Tool");
-  el._arg.textContent = shorten(toolArgument(data) || data.command || item.text || "", 120);
-  el._status.textContent = item.status === "failed" || data.is_error ? "failed" : item.status;
+  put(el._name, item.title || data.name || (item.kind === "command" ? "Command" : "Tool"));
+  put(el._arg, shorten(toolArgument(data) || data.command || item.text || "", 120));
+  put(el._status, item.status === "failed" || data.is_error ? "failed" : item.status);
   if (el._details.open) toolBody.call(this, el, item);
 }
 
@@ -573,6 +615,7 @@ function toolBody(el, item) {
   } else {
     section("Input", data.input, ["data", "input"]);
     section(data.is_error ? "Error" : "Result", data.result, ["data", "result"]);
+    if (data.result_truncated) body.append(h("p", { class: "muted" }, "The agent's output was longer: the daemon keeps its first 16 KiB."));
   }
   if (item.text) section("Text", item.text, ["text"]);
   for (const cut of truncated.values()) {
@@ -662,7 +705,7 @@ function renderCheckpoint(s, el, item) {
     el.append(h("div", { class: "checkpoint" }, el._title, el._files, h("div", { class: "checkpoint-actions" }, el._diffButton, el._revertButton), el._panel));
   });
   el._ordinal = data.ordinal;
-  el.className = `item checkpoint-item st-${data.status}`;
+  el.className = `item checkpoint-item st-${data.status}${data.files && data.files.length ? "" : " unchanged"}`;
   el._title.textContent = item.title || "Checkpoint";
   const ok = data.status === "ok";
   el._diffButton.hidden = !ok || !(data.files && data.files.length);
@@ -703,7 +746,9 @@ function truncationNote(el, item, path) {
     button.disabled = true;
     try {
       const r = await this.rpc.call("item.detail", { item_id: item.id, path: cut.path });
-      el._text.textContent = String(r.value);
+      el._node = null;
+      el._shown = null;
+      setText(el, String(r.value));
       note.remove();
     } catch (error) {
       button.disabled = false;
