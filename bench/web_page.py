@@ -123,8 +123,7 @@ async def metrics(browser: Browser) -> dict[str, float]:
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)  # made by main
     state = prepare_state(out / f"state-{int(time.time())}", Path(args.db) if args.db else None)
     summary: dict[str, Any] = {"db": args.db, "streams": args.streams}
     async with open_daemon(state, fixture_path(TURNS_FIXTURE), {}, out / "daemon.log") as daemon:
@@ -198,7 +197,6 @@ async def screenshots(out: Path) -> list[Path]:
     and its prompt, a turn's diff, the memory banner, a phone's width, the dark scheme."""
     from replay_fixtures import DEFAULT_FIXTURE
 
-    out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"t3d-web-shots-{os.getpid()}"
     state: StateDir = prepare_state(work, None)
     psi = work / "psi"
@@ -277,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing is not None:
         print(f"web_page: {missing}", file=sys.stderr)
         return 2
+    Path(args.screenshots or args.out).mkdir(parents=True, exist_ok=True)
     if args.screenshots:
         for path in trio.run(screenshots, Path(args.screenshots)):
             print(f"wrote {path} ({path.stat().st_size // 1024} KiB)")

@@ -146,13 +146,15 @@ def test_same_origin_compares_scheme_host_and_port() -> None:
 
 
 async def raw(
-    daemon: Daemon, method: str, target: str, *, headers: list[tuple[str, str]] | None = None, body: bytes = b""
+    daemon: Any, method: str, target: str, *, headers: list[tuple[str, str]] | None = None, body: bytes = b""
 ) -> tuple[int, dict[str, str], bytes]:
-    """One request on a fresh connection: (status, headers with lower-case names, body)."""
-    stream = await trio.open_tcp_stream("127.0.0.1", daemon.info.port)
+    """One request on a fresh connection to a daemon (anything with ``info.port``, or a port):
+    (status, headers with lower-case names, body)."""
+    port = daemon if isinstance(daemon, int) else daemon.info.port
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         conn = h11.Connection(h11.CLIENT)
-        hdrs = [("Host", f"127.0.0.1:{daemon.info.port}"), ("Content-Length", str(len(body))), ("Connection", "close"), *(headers or [])]
+        hdrs = [("Host", f"127.0.0.1:{port}"), ("Content-Length", str(len(body))), ("Connection", "close"), *(headers or [])]
         await stream.send_all(conn.send(h11.Request(method=method, target=target, headers=hdrs)) + conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage()))
         status, got, chunks = 0, {}, []
         while True:
@@ -313,9 +315,9 @@ async def test_no_code_or_cookie_in_the_log(tmp_path: Path, nursery: trio.Nurser
     caplog.set_level(logging.DEBUG)
     with trio.fail_after(30):
         daemon = await start_daemon(nursery, tmp_path / "state", log_level="debug")
-        status, _, body = await raw(daemon, "POST", "/api/auth/link", headers=bearer(daemon))
+        _, _, body = await raw(daemon, "POST", "/api/auth/link", headers=bearer(daemon))
         code = urlsplit(orjson.loads(body)["url"]).query.removeprefix("code=")
-        status, headers, _ = await raw(daemon, "GET", f"/auth?code={code}")
+        _, headers, _ = await raw(daemon, "GET", f"/auth?code={code}")
         cookie = headers["set-cookie"].split(";", 1)[0]
         session = cookie.split("=", 1)[1]
         await raw(daemon, "GET", f"/auth?code={code}")

@@ -76,23 +76,23 @@ async def send(page: Page, text: str) -> None:
     await page.click(".composer button[type=submit]")
 
 
+TURN_CLASS = (
+    "const s = [...document.querySelectorAll('.turn')].find(s => s.querySelector('.turn-title').textContent === 'Turn ' + arguments[0]);"
+    "return s ? s.className : ''"
+)
+
+
 async def turn_status(page: Page, ordinal: int) -> str:
-    return str(await page.js(
-        "const s = [...document.querySelectorAll('.turn')].find(s => s.querySelector('.turn-title').textContent === 'Turn ' + arguments[0]);"
-        "return s ? s.className : ''",
-        ordinal,
-    ))
+    """The classes of turn ``ordinal``'s section ('' while it is not shown)."""
+    return str(await page.js(TURN_CLASS, ordinal))
 
 
 async def wait_turn(page: Page, ordinal: int, status: str, seconds: float = 30) -> None:
-    async def check() -> bool:
-        return f"st-{status}" in (await turn_status(page, ordinal)).split()
-
-    with trio.move_on_after(seconds):
-        while not await check():
-            await trio.sleep(0.05)
-        return
-    raise AssertionError(f"turn {ordinal} did not become {status}: {await turn_status(page, ordinal)!r}\n{page.console()}")
+    await page.wait(
+        lambda: f"st-{status}" in str(page.driver.execute_script(TURN_CLASS, ordinal)).split(),
+        seconds,
+        f"turn {ordinal} to be {status}",
+    )
 
 
 async def thread_with(client: RpcClient, project: Path, *turns: str, title: str = "notes") -> str:
@@ -113,6 +113,7 @@ async def test_sign_in_by_link_then_a_turn_streams_and_completes(tmp_path: Path,
         async with open_client(daemon) as client:
             thread_id = await new_thread(client, make_repo(tmp_path / "project"), title="Read the notes")
         status, link = await http(daemon, "POST", "/api/auth/link")
+        assert status == 200
         page = Page(driver)
         await page.get(link["url"])
         await page.wait_js("return document.documentElement.dataset.listPopulated === '1'", what="one thread listed")
