@@ -37,6 +37,8 @@ export class ThreadView {
   }
 
   _placeholder() {
+    if (this.resizer) this.resizer.disconnect();
+    this.resizer = null;
     this.root.replaceChildren(
       h("div", { class: "placeholder" }, h("h2", null, "No thread open"), h("p", null, "Pick a thread from the list (or press j and k to move through them)."))
     );
@@ -102,10 +104,21 @@ export class ThreadView {
     );
     this.olderButton = h("button", { type: "button", class: "small older", hidden: true, onclick: () => this.loadOlder() }, "Load older turns");
     this.status = h("p", { class: "thread-status", hidden: true });
-    // The last child is the scroll anchor: while it is in view (the reader is at the bottom),
-    // the browser keeps it there as turns grow above it, with no layout read by script.
-    this.anchor = h("div", { class: "scroll-anchor", "aria-hidden": "true" });
-    this.turnsEl = h("div", { class: "turns", id: "turns", tabindex: "-1", "aria-label": "Turns" }, this.olderButton, this.status, this.anchor);
+    // Pinned to the end while the reader is there: a scroll event (layout is fresh then)
+    // says whether they are; when the content grows, a ResizeObserver (run after the
+    // browser's own layout, before paint) scrolls to the new end. No layout is forced.
+    this.content = h("div", { class: "turns-content" }, this.olderButton, this.status);
+    this.turnsEl = h("div", { class: "turns", id: "turns", tabindex: "-1", "aria-label": "Turns" }, this.content);
+    this.pinned = true;
+    this.turnsEl.addEventListener("scroll", () => {
+      const el = this.turnsEl;
+      this.pinned = el.scrollTop + el.clientHeight >= el.scrollHeight - 48;
+    }, { passive: true });
+    if (this.resizer) this.resizer.disconnect();
+    this.resizer = new ResizeObserver(() => {
+      if (this.pinned) this.turnsEl.scrollTop = this.turnsEl.scrollHeight;
+    });
+    this.resizer.observe(this.content);
     this.textarea = h("textarea", { id: "composer-text", rows: "2", placeholder: "Message for the next turn (Ctrl+Enter sends)", "aria-describedby": "composer-hint" });
     this.sendButton = h("button", { type: "submit", class: "primary" }, "Send");
     this.hint = h("p", { id: "composer-hint", class: "composer-hint" });
@@ -287,12 +300,6 @@ export class ThreadView {
     if (s.backlog && s.backlog.length) this._drawBacklog(s);
     this.olderButton.hidden = !s.hasMore;
     this._renderHeader(s);
-    if (s.loaded && !s.scrolledOnce) {
-      // Once, after the first snapshot is drawn: start at the bottom (the layout is read
-      // after the browser's own, in the next frame).
-      s.scrolledOnce = true;
-      requestAnimationFrame(() => this.anchor.scrollIntoView({ block: "end" }));
-    }
   }
 
   _drawBacklog(s) {
@@ -352,7 +359,7 @@ export class ThreadView {
     for (const other of s.sections.values()) {
       if (other._ordinal > turn.ordinal && (!next || other._ordinal < next._ordinal)) next = other;
     }
-    this.turnsEl.insertBefore(section, next || this.anchor);
+    this.content.insertBefore(section, next || null);
     s.sections.set(turn.id, section);
     return section;
   }
