@@ -2,6 +2,7 @@
 
     python -m bench.web_page --db /tmp/t3d-2700.sqlite --out bench-out/web
         [--runs 5] [--streams 50] [--stream-s 60] [--memory-s 600] [--sample-s 30] [--switch-s 60]
+        [--pin DAEMON_CPUS:BROWSER_CPUS]
     python -m bench.web_page --screenshots docs/web
 
 It starts ``t3d serve`` on a copy of ``--db`` (``python -m bench gen-db`` writes one of 2,700
@@ -19,6 +20,9 @@ link, as a person's browser does. Chromium is Debian's (bench/chromium.py).
    collected and its heap, DOM nodes and listeners read (CDP ``Performance.getMetrics``); the
    open thread changes every ``--switch-s``, as a person moves around.
 
+``--pin 0:1`` runs the daemon (with its agents and this driver) on CPU 0 and Chromium on CPU
+1, so the page's long tasks are its own and not the streams' load; without it they share.
+
 ``--screenshots DIR`` instead writes the docs' pictures of the main views (a fresh daemon,
 the bundled five-turn replay).
 """
@@ -30,7 +34,8 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +52,13 @@ from bench.profiles import TURNS_FIXTURE
 REPO = Path(__file__).resolve().parent.parent
 PSI_FIXTURES = REPO / "tests" / "fixtures" / "psi"
 THINK_S = 0.5
+STEPS = """
+const at = (name) => { const m = performance.getEntriesByName(name)[0]; return m ? m.startTime : -1; };
+const nav = performance.getEntriesByType('navigation')[0];
+const done = performance.getEntriesByName('t3d:list-populated')[0];
+return {html: nav.responseEnd, dom_content_loaded: nav.domContentLoadedEventStart, ws_create: at('t3d:ws-create'), ws_open: at('t3d:ws-open'),
+        shell_snapshot: at('t3d:shell-snapshot'), populated: done.startTime, threads: done.detail.threads};
+"""
 WAIT_S = 120.0
 
 
@@ -90,16 +102,27 @@ async def sign_in(browser: Browser, daemon: RunningDaemon) -> str:
 async def load_times(browser: Browser, page: str, runs: int) -> dict[str, Any]:
     """Open the page afresh ``runs + 1`` times: ms from navigation start to the list drawn."""
     times: list[float] = []
+    steps: list[dict[str, float]] = []
     threads = 0
     for _ in range(runs + 1):
         await browser.call(browser.driver.get, "about:blank")
         await browser.call(browser.driver.get, page)
         await browser.until("return document.documentElement.dataset.listPopulated", "the thread list")
-        mark = await browser.js("const m = performance.getEntriesByName('t3d:list-populated')[0]; return [m.startTime, m.detail.threads]")
-        times.append(round(float(mark[0]), 1))
-        threads = int(mark[1])
+        mark = await browser.js(STEPS)
+        times.append(round(float(mark["populated"]), 1))
+        steps.append({k: round(float(v), 1) for k, v in mark.items() if k != "threads"})
+        threads = int(mark["threads"])
     warm = times[1:] or times
-    return {"threads": threads, "cold_ms": times[0], "warm_ms": warm, "warm_median_ms": statistics.median(warm), "max_ms": max(times)}
+    return {
+        "threads": threads,
+        "cold_ms": times[0],
+        "warm_ms": warm,
+        "warm_median_ms": statistics.median(warm),
+        "max_ms": max(times),
+        # ms since navigation start: the page's HTML, its modules run, the WebSocket open,
+        # the shell snapshot whole, the list drawn
+        "steps_of_the_last": steps[-1],
+    }
 
 
 async def start_streams(nursery: trio.Nursery, daemon: RunningDaemon, project_id: str, count: int, seconds: float) -> list[actors.Session]:
@@ -125,9 +148,10 @@ async def metrics(browser: Browser) -> dict[str, float]:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)  # made by main
     state = prepare_state(out / f"state-{int(time.time())}", Path(args.db) if args.db else None)
-    summary: dict[str, Any] = {"db": args.db, "streams": args.streams}
-    async with open_daemon(state, fixture_path(TURNS_FIXTURE), {}, out / "daemon.log") as daemon:
-        with open_browser() as driver:
+    summary: dict[str, Any] = {"db": args.db, "streams": args.streams, "pin": args.pin}
+    daemon_cpus, browser_cpus = _cpus(args.pin)
+    async with open_daemon(state, fixture_path(TURNS_FIXTURE), {}, out / "daemon.log", cpus=daemon_cpus) as daemon:
+        with pinned_browser(browser_cpus, daemon_cpus) as driver:
             browser = Browser(driver)
             await browser.cdp("Performance.enable")
             page = await sign_in(browser, daemon)
@@ -179,6 +203,40 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await browser.call(driver.get, "about:blank")
     (out / "summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     return summary
+
+
+def _cpus(pin: str | None) -> tuple[str | None, str | None]:
+    if not pin:
+        return None, None
+    daemon, _, browser = pin.partition(":")
+    if not daemon or not browser:
+        raise SystemExit(f"web_page: --pin {pin!r}: give DAEMON_CPUS:BROWSER_CPUS, e.g. 0:1")
+    return daemon, browser
+
+
+def _cpu_set(cpus: str) -> set[int]:
+    out: set[int] = set()
+    for part in cpus.split(","):
+        low, _, high = part.partition("-")
+        out.update(range(int(low), int(high or low) + 1))
+    return out
+
+
+@contextmanager
+def pinned_browser(browser: str | None, rest: str | None) -> Iterator[Any]:
+    """A browser whose processes run on ``browser``'s CPUs (they keep the affinity of the
+    thread that started them); this thread then goes back to ``rest``'s."""
+    with ExitStack() as stack:
+        if browser is None:
+            yield stack.enter_context(open_browser())
+            return
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, _cpu_set(browser))
+        try:
+            driver = stack.enter_context(open_browser())
+        finally:
+            os.sched_setaffinity(0, _cpu_set(rest) if rest else before)
+        yield driver
 
 
 # --- the docs' pictures -------------------------------------------------------------------
@@ -269,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-s", type=float, default=600, help="seconds of streaming for the memory samples (default 600)")
     parser.add_argument("--sample-s", type=float, default=30, help="seconds between memory samples (default 30)")
     parser.add_argument("--switch-s", type=float, default=60, help="seconds between changes of the open thread (default 60)")
+    parser.add_argument("--pin", metavar="DAEMON:BROWSER", help="CPUs for the daemon (and this driver) and for Chromium, e.g. 0:1 (default: shared)")
     parser.add_argument("--screenshots", metavar="DIR", help="write the docs' screenshots into DIR instead")
     args = parser.parse_args(argv)
     missing = chromium_missing()

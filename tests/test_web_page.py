@@ -148,11 +148,13 @@ async def test_prompts_answered_inline_and_the_turns_diff(tmp_path: Path, nurser
     """A prompt shows inline with Allow, Allow for the session and Deny; the title counts it;
     Allow lets the turn finish, whose checkpoint shows the file it changed and, asked, the
     diff; the next prompt is denied from the keyboard (d, a message, Enter) and shows the
-    message."""
+    message. Reverting to the first turn's checkpoint (asked first) puts the file back and
+    marks the later turns reverted."""
     with trio.fail_after(120):
         daemon = await start_daemon(nursery, tmp_path / "state")
+        project = make_repo(tmp_path / "project")
         async with open_client(daemon) as client:
-            thread_id = await thread_with(client, make_repo(tmp_path / "project"), READ)
+            thread_id = await thread_with(client, project, READ)
         async with signed_in(driver, daemon) as page:
             await open_thread(page, thread_id)
             await send(page, EDIT)
@@ -179,6 +181,12 @@ async def test_prompts_answered_inline_and_the_turns_diff(tmp_path: Path, nurser
             await page.keys("not now\n")
             await wait_turn(page, 3, "completed")
             assert "Denied: not now" in await page.text_of(".turn:last-of-type .prompt-outcome")
+            assert await trio.Path(project / "notes.txt").read_text() == "hello, world\n"
+            await page.click(".turn:first-of-type .checkpoint-actions button:last-child")
+            await page.css("dialog#confirm[open]")
+            await page.click("#confirm-yes")
+            await page.wait(lambda: (project / "notes.txt").read_text() == "hello\n", what="the file put back")
+            await page.wait_js("return document.querySelectorAll('.turn.reverted').length === 2", what="turns 2 and 3 marked reverted")
         daemon.stop()
 
 

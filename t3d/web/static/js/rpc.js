@@ -93,9 +93,11 @@ export class Rpc {
     if (this.stopped) return;
     this._setState(this.everOpened ? "reconnecting" : "connecting");
     let opened = false;
+    if (!this.everOpened) performance.mark("t3d:ws-create");
     const ws = new WebSocket(this.url);
     this.ws = ws;
     ws.onopen = () => {
+      if (!this.everOpened) performance.mark("t3d:ws-open");
       opened = true;
       this.everOpened = true;
       this.backoff = 250;

@@ -99,6 +99,7 @@ export class ThreadList {
     };
     this.sub = this.rpc.subscribe("subscribe.shell", {}, {
       onSnapshot: (snapshot) => {
+        if (!this.populated) performance.mark("t3d:shell-snapshot");
         this.threads.clear();
         this.projects.clear();
         for (const p of snapshot.projects || []) this.projects.set(p.id, p);
