@@ -243,10 +243,13 @@ async def test_memory_banner_appears_names_the_agent_and_clears(tmp_path: Path, 
         daemon.stop()
 
 
-async def test_reconnect_catches_up_and_sign_out(tmp_path: Path, nursery: trio.Nursery, driver: Any) -> None:
+async def test_reconnect_catches_up_and_sign_out(tmp_path: Path, nursery: trio.Nursery, driver: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A dropped connection comes back by itself, resuming the thread with after_sequence:
-    the turn that ran meanwhile is there, and only the indicator said so. Signing out ends
-    the session: the page says how to sign in again, and so does a reload."""
+    the turn that ran meanwhile is there, and only the indicator said so. After a gap too
+    long to replay the daemon sends a snapshot, merged into the page: the tool call the
+    reader opened stays open. Signing out ends the session: the page says how to sign in
+    again, and so does a reload."""
+    monkeypatch.setenv("T3D_REPLAY_INTERRUPT_TIMEOUT", "0.2")  # the COUNT turn goes on alone
     with trio.fail_after(120):
         daemon = await start_daemon(nursery, tmp_path / "state")
         async with open_client(daemon) as client:
@@ -267,6 +270,18 @@ async def test_reconnect_catches_up_and_sign_out(tmp_path: Path, nursery: trio.N
                 await wait_turn(page, 2, "completed")
                 bases = await page.js("return window.__t3d.rpc.replies.filter(r => r.method === 'subscribe.thread').map(r => r.base)")
                 assert bases[-1] == "replay", bases
+                await page.click(".turn:first-of-type .tool-item summary")
+                await page.js("document.querySelector('.turn:first-of-type .tool-item').dataset.marked = 'yes'")
+                await page.run(driver.execute_cdp_cmd, "Network.emulateNetworkConditions", offline)
+                await page.js("window.__t3d.rpc.ws.close()")
+                await page.wait_js("return document.getElementById('conn').dataset.state === 'reconnecting'", what="the indicator")
+                for text in (BASH, COUNT, "ok", READ, EDIT) * 2:  # more than 128 events
+                    await run_turn(client, thread_id, text)
+                await page.run(driver.execute_cdp_cmd, "Network.emulateNetworkConditions", online)
+                await wait_turn(page, 12, "completed")
+                bases = await page.js("return window.__t3d.rpc.replies.filter(r => r.method === 'subscribe.thread').map(r => r.base)")
+                assert bases[-1] == "snapshot", bases
+                assert await page.js("const el = document.querySelector('[data-marked=yes]'); return !!el && el.querySelector('details').open") is True
                 await page.click("#signout")
                 await page.css("#signed-out")
                 assert await page.js("return document.getElementById('app').hidden") is True

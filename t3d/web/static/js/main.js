@@ -54,7 +54,7 @@ const ui = {
 function setConnection(state) {
   const el = $("conn");
   el.dataset.state = state;
-  const words = { connecting: "connecting", live: "live", reconnecting: "reconnecting…", "signed-out": "signed out" };
+  const words = { connecting: "connecting", live: "live", reconnecting: "reconnecting…", resyncing: "catching up…", "signed-out": "signed out" };
   el.textContent = words[state] || state;
   el.title = state === "live" ? "Connected to the daemon; updates arrive as they happen" : "Not connected to the daemon; it reconnects by itself and catches up";
 }

@@ -72,6 +72,7 @@ export class Rpc {
     this.everOpened = false;
     this.state = "connecting";
     this.replies = []; // the last subscribe replies ({method, base}), for tests and the curious
+    this.resyncing = new Set(); // subscriptions between a resync and its snapshot's end
   }
 
   start() {
@@ -108,6 +109,7 @@ export class Rpc {
     ws.onclose = () => {
       if (this.ws === ws) this.ws = null;
       this.byServerId.clear();
+      this.resyncing.clear();
       for (const sub of this.subs) {
         sub.sub = null;
         sub.chunks = [];
@@ -208,7 +210,12 @@ export class Rpc {
     );
   }
 
+  _resynced(sub) {
+    if (this.resyncing.delete(sub) && this.resyncing.size === 0 && this.state === "resyncing") this._setState("live");
+  }
+
   _forget(sub) {
+    this._resynced(sub);
     this.subs.delete(sub);
     if (sub.sub !== null) {
       this.byServerId.delete(sub.sub);
@@ -269,6 +276,7 @@ export class Rpc {
         sub.chunks = [];
         sub.seq = params.seq;
         if (handler.onSnapshot) handler.onSnapshot(merged);
+        this._resynced(sub);
         break;
       }
       case "event":
@@ -282,6 +290,8 @@ export class Rpc {
         break;
       case "resync":
         sub.chunks = [];
+        this.resyncing.add(sub);
+        if (this.state === "live") this._setState("resyncing");
         if (handler.onResync) handler.onResync(params.data);
         break;
       default:

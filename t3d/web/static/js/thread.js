@@ -153,6 +153,10 @@ export class ThreadView {
   _onSnapshot(s, snap) {
     if (this.state !== s) return;
     s.thread = snap.thread || s.thread;
+    if (s.loaded) {
+      this._merge(s, snap);
+      return;
+    }
     s.turns.clear();
     s.items.clear();
     s.requests.clear();
@@ -164,6 +168,41 @@ export class ThreadView {
     s.loaded = true;
     s.full = true;
     this._schedule(s, true);
+  }
+
+  /** A later snapshot (a resync, or a reconnect after too long a gap) is merged into what
+   * is shown, not drawn afresh: the reader keeps their place and what they opened. */
+  _merge(s, snap) {
+    const turns = snap.turns || [];
+    const oldest = turns.reduce((m, t) => Math.min(m, t.ordinal), Infinity);
+    const kept = new Set(turns.map((t) => t.id));
+    for (const [id, turn] of s.turns) {
+      if (turn.ordinal >= oldest && !kept.has(id)) {
+        s.turns.delete(id);
+        const section = s.sections.get(id);
+        if (section) section.remove();
+        s.sections.delete(id);
+      }
+    }
+    for (const t of turns) {
+      s.turns.set(t.id, t);
+      s.dirtyTurns.add(t.id);
+    }
+    for (const i of snap.items || []) {
+      s.items.set(i.id, i);
+      s.dirtyItems.add(i.id);
+    }
+    for (const r of s.requests.values()) if (r.item_id) s.dirtyItems.add(r.item_id);
+    s.requests.clear();
+    for (const r of snap.requests || []) {
+      s.requests.set(r.id, r);
+      if (r.item_id) s.dirtyItems.add(r.item_id);
+    }
+    // Ordinals are dense from 1: older turns exist while the oldest held is past the first.
+    const held = [...s.turns.values()].reduce((m, t) => Math.min(m, t.ordinal), Infinity);
+    s.hasMore = isFinite(held) && held > 1;
+    s.before = s.hasMore ? held : null;
+    this._schedule(s);
   }
 
   _onEvent(s, event) {
