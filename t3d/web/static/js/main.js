@@ -40,6 +40,7 @@ const ui = {
   },
   confirm(text, label) {
     const dialog = $("confirm");
+    if (dialog.open) return Promise.resolve(false); // one question at a time
     $("confirm-text").textContent = text;
     $("confirm-yes").textContent = label;
     dialog.returnValue = "";
