@@ -9,7 +9,8 @@ import { ThreadList } from "./shell.js";
 import { ThreadView } from "./thread.js";
 import { isTyping } from "./util.js";
 
-// Main-thread long tasks, for the benchmark (bench/web_page.py): the last 500 are kept.
+// For the tests and the benchmark (bench/web_page.py), and anyone curious in the console:
+// the page's parts, and its main-thread long tasks (the last 500).
 window.__t3d = { longTasks: [] };
 try {
   new PerformanceObserver((list) => {
@@ -87,9 +88,8 @@ const list = new ThreadList({
     if (focus) view.focusTitle();
   },
 });
-Object.assign(window.__t3d, { rpc, list });
 const view = new ThreadView({ root: $("thread-view"), rpc, list, ui });
-window.__t3d.view = view;
+Object.assign(window.__t3d, { rpc, list, view });
 const pressure = new PressureBanner({ root: $("pressure"), rpc, list, ui });
 
 function route() {
