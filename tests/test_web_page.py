@@ -133,8 +133,8 @@ async def test_sign_in_by_link_then_a_turn_streams_and_completes(tmp_path: Path,
         final = await page.js("return [...document.querySelectorAll('.msg.assistant .text')].map(e => e.textContent)")
         assert final == ["I'll read the file.", "Done. The tool returned: 1\thello | 2\t"]
         assert await page.js("return document.querySelector('.tool-item details').open") is False
-        await page.click(".tool-item summary")
-        assert "hello" in await page.text_of(".tool-item .tool-body")
+        await page.click(".tool-item summary")  # the body is drawn on the toggle event, just after
+        await page.wait_js("return document.querySelector('.tool-item .tool-body').textContent.includes('hello')", what="the tool's result")
         assert await page.js("return document.getElementById('composer-text').value") == ""
         await page.get(link["url"])
         body = await page.text_of("body")
@@ -375,6 +375,7 @@ async def test_a_cut_result_is_fetched_on_demand_and_older_turns_load(tmp_path: 
             assert await turn_status(page, 1) == ""
             await page.click(".turn:last-of-type .tool-item summary")
             button = ".turn:last-of-type .tool-body button"
+            await page.css(button)  # drawn on the toggle event, just after the click
             assert "Show all of input" in await page.text_of(button)
             pre = ".turn:last-of-type .tool-body pre"
             assert len(await page.text_of(pre)) < 5000
