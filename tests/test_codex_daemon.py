@@ -248,17 +248,18 @@ async def test_runtime_modes_reach_codex_as_approval_policy_and_sandbox(
         daemon.stop()
 
 
-async def test_kill_9_mid_codex_turn_recovers_and_resumes_the_codex_thread(tmp_path: Path) -> None:
+async def test_kill_9_mid_codex_turn_without_a_reattach_window_resumes_the_codex_thread(tmp_path: Path) -> None:
     """kill -9 while a Codex turn streams (the recording's slow count, held at its interrupt
-    point): after a restart the turn is interrupted
-    (server_restart), the agent is gone, and the thread's next turn starts a new app-server that
-    resumes the same Codex thread (thread/resume with the stored native session id)."""
+    point) with ``--agent-reattach-window 0``: the spawner stops the agent at once, and after a
+    restart the turn is interrupted (server_restart) and the thread's next turn starts a new
+    app-server that resumes the same Codex thread (thread/resume with the stored native session
+    id). (With a window, the agent is taken over instead: tests/test_codex_reattach.py.)"""
     state, log = tmp_path / "state", tmp_path / "host.jsonl"
     env = base_env(CODEX_HOME=str(tmp_path / "codex-home"), T3D_REPLAY_HOST_LOG=str(log))
     pids: list[int] = []
     try:
         with trio.fail_after(60):
-            async with serve(state, env=env) as daemon, open_ws(daemon) as client:
+            async with serve(state, "--agent-reattach-window", "0", env=env) as daemon, open_ws(daemon) as client:
                 seen = client.record_events()
                 thread_id = await new_thread(client, tmp_path, provider="replay-codex")
                 for text in (PING, SHELL, PATCH):  # the fake plays the recorded turns in order
@@ -271,8 +272,8 @@ async def test_kill_9_mid_codex_turn_recovers_and_resumes_the_codex_thread(tmp_p
                 pids = await provider_pids(daemon)
                 daemon.process.send_signal(signal.SIGKILL)
                 await daemon.process.wait()
+            assert await wait_gone(pids, 20) == []
             async with serve(state, env=env) as daemon, open_ws(daemon) as client:
-                assert await wait_gone(pids, 5) == []
                 snapshot = await client.call("thread.snapshot", thread_id=thread_id)
                 (turn,) = [t for t in snapshot["turns"] if t["id"] == turn_id]
                 assert (turn["status"], turn["reason"]) == ("interrupted", "server_restart")

@@ -11,6 +11,9 @@ The child's ``meta`` is what the previous daemon last told the spawner (`Child.a
 - ``native_session_id``, ``cost_so_far``: the provider's session id and the running
   cost it had reported at the last turn's end.
 
+A provider's session may keep more there (Codex: the next JSON-RPC id, the open turn's
+turn/start id, the token total, the last finished turns).
+
 Rules a session follows on reattach:
 - The thread's open turn is the one named in ``meta``: replay its output from
   ``turn_offset`` through a fresh mapper (item ids are deterministic and writes are
@@ -22,12 +25,15 @@ Rules a session follows on reattach:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from t3d.domain.model import RuntimeRequest, Turn, TurnItem
 from t3d.spawn.child import Child
+
+GAP_TITLE = "Output lost across a daemon restart"
 
 
 @attrs.frozen
@@ -59,3 +65,28 @@ class Reattach:
     def complete(self) -> bool:
         """The replay holds the open turn's output from its first byte."""
         return self.child.replay.start <= self.turn_offset
+
+    @property
+    def lost_bytes(self) -> int:
+        """How much of the open turn's output the replay lacks (0 when it is complete)."""
+        return max(0, self.child.replay.start - self.turn_offset)
+
+    def gap_item(self, provider: str, clock: Callable[[], float]) -> TurnItem:
+        """The error item that says, in the open turn, what an incomplete replay lost."""
+        assert self.turn is not None
+        lost = self.lost_bytes
+        return TurnItem(
+            id=f"{self.turn.id}:replay-gap:{self.child.replay.start}",
+            thread_id=self.turn.thread_id,
+            turn_id=self.turn.id,
+            ordinal=0,
+            kind="error",
+            status="failed",
+            title=GAP_TITLE,
+            text=(
+                f"t3d restarted while this turn ran and {lost} bytes of {provider}'s output "
+                "were over the spawner's replay buffer; items from before the restart may be incomplete"
+            ),
+            data={"lost_bytes": lost},
+            updated_at=clock(),
+        )

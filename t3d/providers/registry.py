@@ -60,7 +60,7 @@ class AgentSession(Protocol):
         """The running provider process, if any."""
 
 
-REATTACHABLE = frozenset({"claude", "replay"})
+REATTACHABLE = frozenset({"claude", "replay", "codex", "replay-codex"})
 
 
 @runtime_checkable

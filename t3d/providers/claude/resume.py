@@ -125,27 +125,12 @@ class ResumeAfterRestart:
         # The turn's start is gone from the replay: read on from the live point.
         proc.skip_until = reattach.child.replay.end
         mapper.restore(reattach.items)
-        lost = reattach.child.replay.start - reattach.turn_offset
         log.warning(
             "thread %s: turn %s: %d bytes of its output from before the restart were dropped "
             "(over the spawner's replay buffer); reading on from the live point",
-            self.spec.thread_id, turn.id, lost,
+            self.spec.thread_id, turn.id, reattach.lost_bytes,
         )
-        gap = TurnItem(
-            id=f"{turn.id}:replay-gap:{reattach.child.replay.start}",
-            thread_id=self.spec.thread_id,
-            turn_id=turn.id,
-            ordinal=0,
-            kind="error",
-            status="failed",
-            title="Output lost across a daemon restart",
-            text=(
-                f"t3d restarted while this turn ran and {lost} bytes of {self.spec.provider}'s output "
-                "were over the spawner's replay buffer; items from before the restart may be incomplete"
-            ),
-            data={"lost_bytes": lost},
-            updated_at=self._clock(),
-        )
+        gap = reattach.gap_item(self.spec.provider, self._clock)
         self._held[gap.id] = gap
 
     async def _resend_answers(self, reattach: Reattach) -> None:

@@ -465,6 +465,12 @@ class TurnMapper:
             usage,
         )
 
+    def restore(self, items: tuple[TurnItem, ...]) -> None:
+        """Start from items already committed for this turn (a replay after a daemon restart
+        that lost the turn's start), so later updates extend them instead of starting over."""
+        for item in items:
+            self._items.setdefault(item.id, item)
+
     def open_items(self) -> list[TurnItem]:
         """Items still streaming, running or pending: closed by the driver when the turn ends."""
         return [i for i in self._items.values() if i.status in ("streaming", "running", "pending")]

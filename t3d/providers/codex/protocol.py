@@ -12,7 +12,8 @@ leaves the ``"jsonrpc"`` field out of its own messages. This module does no I/O:
   thread, turn, item, delta, error and usage ones parsed into fields, the rest
   `OtherNotification`).
 * `ClientCalls` picks the host's request ids and matches responses to the
-  requests they answer.
+  requests they answer; after a daemon restart it counts on from the ids the
+  previous daemon used (`ClientCalls.skip_past`).
 * `turn_error_text` gives the message for a failed turn or error notice.
 
 The session driver owns the pipes: it cuts stdout into lines with
@@ -187,6 +188,11 @@ _APPROVALS: Mapping[str, tuple[str, bool]] = {
     "execCommandApproval": ("command", True),
     "applyPatchApproval": ("file_change", True),
 }
+
+
+def approval_kind(method: str) -> tuple[str, bool] | None:
+    """An approval request method's (kind, legacy), or None when ``method`` is no approval."""
+    return _APPROVALS.get(method)
 
 
 def _parse_request(request_id: RequestId, method: str, params: JsonObject) -> CodexEvent:
@@ -446,9 +452,20 @@ class ClientCalls:
     (a session forgets them all when its process goes).
     """
 
-    def __init__(self) -> None:
-        self._next = 1
+    def __init__(self, next_id: int = 1) -> None:
+        self._next = next_id
         self._open: dict[RequestId, str] = {}
+
+    @property
+    def next_id(self) -> int:
+        """The id the next request gets."""
+        return self._next
+
+    def skip_past(self, request_id: RequestId | None) -> None:
+        """Never hand out ``request_id`` or anything below it again (an id a previous daemon
+        used on the same process, seen in a response)."""
+        if isinstance(request_id, int) and not isinstance(request_id, bool) and request_id >= self._next:
+            self._next = request_id + 1
 
     def start(self, method: str) -> int:
         """The id for a new request of ``method``."""

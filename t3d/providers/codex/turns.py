@@ -1,0 +1,368 @@
+"""The turn driver of a `CodexSession`: a turn's start, interrupt and answers, and the
+app-server's stdout lines turned into domain changes.
+
+Rules:
+- One turn at a time; a start effect for a turn this session started or took over
+  already (an effect the previous daemon handed over) is dropped.
+- Before turn/start is written, the spawner is told the turn, its stdout offset and the
+  request's id (shielded with the write); after the turn's end has committed, its
+  output is acked.
+- Every server request is answered: approvals with the user's decision, any other with
+  a JSON-RPC error, so Codex never waits on t3d. An approval outside a turn of ours is
+  refused.
+- A stop always completes: an interrupt Codex does not honour within the interrupt
+  timeout stops the process and the turn ends ``interrupted``.
+- A turn in which Codex only retries (``error`` with ``willRetry``) for
+  ``retry_timeout`` seconds is interrupted and fails with Codex's last message.
+- A stdout line over the line limit cannot be read, so its turn is stopped and fails
+  saying so; a malformed line is skipped.
+- Streaming text is coalesced (`ItemCoalescer`). While output from before a restart is
+  replayed (`ProviderOutput.replaying`), item states are held instead, latest per item
+  in first-seen order, and written before the next barrier (a prompt, the turn's end)
+  or once the replay is through; the answers Codex's requests would get wait for the
+  replay's end too, and go out only if the replay does not show them resolved.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from t3d.domain import commands as c
+from t3d.domain import events as ev
+from t3d.domain.model import TurnItem
+from t3d.errors import ProtocolError, ProviderError, SpawnerError
+from t3d.providers.coalesce import ItemCoalescer
+from t3d.providers.codex import events as ce
+from t3d.providers.codex.adapter import (
+    Change,
+    ItemChanged,
+    PermissionAsked,
+    TurnEnded,
+    TurnMapper,
+)
+from t3d.providers.codex.encode import (
+    approval_result,
+    encode_error,
+    encode_result,
+    turn_interrupt_params,
+    turn_start_params,
+)
+from t3d.providers.codex.peer import CodexPeer, CodexRefused
+from t3d.providers.codex.process import AppServer
+from t3d.providers.codex.protocol import parse_line
+from t3d.providers.lines import LineTooLong
+from t3d.spawn.child import stop_child
+
+log = logging.getLogger("t3d.providers.codex")
+
+# Item states held during a replay are written this many per command.
+HELD_BATCH = 64
+
+
+class TurnDriver(AppServer):
+    """Turns and lines of `CodexSession` (state is set up by its ``__init__``)."""
+
+    _write: Callable[[c.Command], Awaitable[None]]
+    _retry_timeout: float
+    _requests: dict[str, ce.ApprovalRequested]
+    _deferred: dict[ce.RequestId, bytes]
+    _known_turns: deque[str]
+    _retrying_since: float | None
+    _items: ItemCoalescer
+    _held: dict[str, TurnItem]
+
+    # --- effects -----------------------------------------------------------------------
+
+    async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
+        if effect.turn_id in self._known_turns:  # started already (an effect of the last daemon)
+            return
+        self._known_turns.append(effect.turn_id)
+        if self._turn is not None:  # the domain runs one turn at a time; never overlap
+            log.warning("%s: turn %s started while %s runs", self._tag, effect.turn_id, self._turn.turn_id)
+        turn = TurnMapper(self.spec.thread_id, effect.turn_id, self._clock, self._usage_total)
+        self._turn = turn
+        self._retrying_since = None
+        if self.spec.before_turn is not None:  # the checkpoint baseline: before any edit
+            await self.spec.before_turn(self.spec.thread_id, effect.ordinal, self.spec.cwd)
+        try:
+            peer = self._peer if self._peer is not None else await self._start_process(nursery)
+            assert peer.thread_id is not None
+            reaches = functools.partial(self._turn_reaches, peer, effect.turn_id)
+            result = await peer.call("turn/start", turn_start_params(peer.thread_id, effect.text), before_send=reaches)
+        except (SpawnerError, ProviderError) as exc:
+            await self._end_turn(self._start_failure(exc), turn)
+            return
+        if self._turn is not turn:
+            return  # it ended meanwhile (the process exited)
+        await self._turn_named(turn, result)
+
+    async def _turn_reaches(self, peer: CodexPeer, turn_id: str, request_id: int) -> None:
+        """Just before turn/start is written: tell the spawner which turn the output from
+        here is for (the next daemon trusts it) and the request's id."""
+        proc = peer.proc
+        proc.turn_id, proc.turn_offset = turn_id, proc.output.offset
+        peer.turn_request_id = request_id
+        await proc.process.ack(proc.turn_offset, self._meta(peer))
+
+    async def _turn_named(self, turn: TurnMapper, result: object, *, replaying: bool = False) -> None:
+        """Codex accepted turn/start: its answer names the turn, which is running now."""
+        codex_turn = _turn_of(result)
+        if codex_turn:
+            turn.codex_turn_id = codex_turn
+        await self._commit(c.MarkTurnRunning(turn.turn_id))
+        if turn.interrupt_requested and not replaying:  # asked for before Codex named the turn
+            await self._send_interrupt(turn)
+
+    def _start_failure(self, exc: Exception) -> TurnEnded:
+        provider = self.spec.provider
+        if isinstance(exc, CodexRefused):
+            return TurnEnded("failed", f"{provider} refused {exc.method}: {exc.message}", "provider_refused", None)
+        return TurnEnded("failed", f"{provider}: {exc}", "provider_start_failed", None)
+
+    async def _interrupt(self, nursery: trio.Nursery, effect: ev.InterruptProviderTurn) -> None:
+        turn, peer = self._turn, self._peer
+        if turn is None or turn.turn_id != effect.turn_id or peer is None:
+            return
+        turn.interrupt_requested = True
+        await self._send_interrupt(turn)
+        nursery.start_soon(self._escalate_interrupt, turn, peer)
+
+    async def _send_interrupt(self, turn: TurnMapper) -> None:
+        """``turn/interrupt`` once Codex has named the turn (else it goes out when it does)."""
+        peer = self._peer
+        if turn.codex_turn_id is None or peer is None or peer.thread_id is None:
+            return  # no process: its exit ends the turn
+        params = turn_interrupt_params(peer.thread_id, turn.codex_turn_id)
+        with trio.CancelScope(shield=True):
+            request_id = peer.calls.start("turn/interrupt")
+            await self._tell_spawner(peer, peer.proc.turn_offset)  # the next daemon counts on from here
+            # If the process is going away, its exit ends the turn.
+            await peer.notify(request_id, "turn/interrupt", params)
+
+    async def _escalate_interrupt(self, turn: TurnMapper, peer: CodexPeer) -> None:
+        await trio.sleep(self.spec.interrupt_timeout)
+        if self._turn is turn and self._peer is peer:
+            log.warning(
+                "%s: interrupt not honoured in %gs; stopping the provider", self._tag, self.spec.interrupt_timeout
+            )
+            peer.proc.forced_stop = True
+            await stop_child(peer.proc.process, grace=2.0)
+
+    async def _answer(self, effect: ev.AnswerProviderRequest) -> None:
+        request = self._requests.pop(effect.request_id, None)
+        peer = self._peer
+        if request is None or peer is None:
+            return
+        if effect.decision == "cancel" and self._turn is not None:
+            self._turn.interrupt_requested = True  # Codex interrupts the turn on cancel
+        result = approval_result(request, effect.decision, effect.message)
+        await peer.send_quietly(encode_result(request.id, result))
+
+    async def _run_retry_watch(self, nursery: trio.Nursery) -> None:
+        """Stop a turn in which Codex has done nothing but retry for `retry_timeout` seconds."""
+        while True:
+            await trio.sleep(min(self._retry_timeout / 4, 1.0))
+            turn, since = self._turn, self._retrying_since
+            if turn is None or since is None or turn.fail_with is not None:
+                continue
+            if trio.current_time() - since < self._retry_timeout:
+                continue
+            message = turn.retry_text or "Codex kept retrying"
+            turn.fail_with = (
+                f"{message}; Codex was still retrying after {self._retry_timeout:g} s, so t3d "
+                "stopped the turn (--codex-retry-timeout)",
+                "provider_retrying",
+            )
+            log.warning("%s: %s", self._tag, turn.fail_with[0])
+            await self._send_interrupt(turn)
+            if self._peer is not None:
+                nursery.start_soon(self._escalate_interrupt, turn, self._peer)
+
+    # --- lines → domain ------------------------------------------------------------------
+
+    async def _on_line(self, peer: CodexPeer, line: bytes | LineTooLong) -> None:
+        output = peer.proc.output
+        skipped = output.offset <= peer.proc.skip_until  # settled by the previous daemon, or lost
+        if isinstance(line, LineTooLong):
+            if peer is self._peer and not skipped:
+                await self._line_too_long(line, replaying=output.replaying)
+            else:
+                log.warning("%s: %s", self._tag, line)
+            return
+        try:
+            event = parse_line(line)
+        except ProtocolError as exc:
+            log.warning("%s: ignored a provider line: %s", self._tag, exc)
+            return
+        if isinstance(event, ce.Response | ce.ErrorResponse):
+            if not peer.on_response(event) and peer is self._peer:
+                await self._unclaimed_response(peer, event)
+            return
+        if peer is not self._peer:
+            return  # a process let go (idle, on its way out): nothing of it reaches a turn
+        replaying = output.replaying
+        if not replaying and self._held:
+            await self._flush_held()
+        if isinstance(event, ce.RequestResolved):
+            self._deferred.pop(event.request_id, None)
+            for request_id, request in list(self._requests.items()):
+                if request.id == event.request_id:
+                    del self._requests[request_id]  # Codex withdrew it: no answer goes out
+        elif isinstance(event, ce.OtherServerRequest):
+            log.info("%s: refused Codex's %s request", self._tag, event.method)
+            await self._auto_answer(peer, event.id, encode_error(event.id, f"t3d does not support {event.method!r}"), replaying)
+        elif isinstance(event, ce.ApprovalRequested) and not self._ours(event):
+            # Nobody can be asked (no turn of ours runs): refuse rather than let Codex wait.
+            await self._auto_answer(peer, event.id, encode_result(event.id, approval_result(event, "deny")), replaying)
+        elif skipped or isinstance(event, ce.WarningNotice | ce.Unknown | ce.OtherNotification | ce.ThreadStarted):
+            if isinstance(event, ce.WarningNotice) and not skipped:
+                log.debug("%s: Codex warns: %s", self._tag, event.message)
+        elif self._turn is not None and self._ours(event):
+            await self._feed(self._turn, event, replaying=replaying)
+
+    async def _auto_answer(self, peer: CodexPeer, request_id: ce.RequestId, line: bytes, replaying: bool) -> None:
+        """Answer a request no user is asked; in a replay, once it is through (the previous
+        daemon may have answered already: the replay then shows it resolved)."""
+        if replaying:
+            self._deferred[request_id] = line
+        else:
+            await peer.send_quietly(line)
+
+    async def _unclaimed_response(self, peer: CodexPeer, event: ce.Response | ce.ErrorResponse) -> None:
+        """An answer no call of this daemon waits for: the previous daemon's turn/start of the
+        turn this session took over (in the replay, or live) names the turn or refuses it."""
+        turn = self._turn
+        if event.id is None or event.id != peer.turn_request_id or turn is None or turn.turn_id != peer.proc.turn_id:
+            return
+        peer.turn_request_id = None
+        if isinstance(event, ce.ErrorResponse):
+            await self._flush_held()
+            await self._end_turn(self._start_failure(CodexRefused("turn/start", event.message)), turn)
+        elif turn.codex_turn_id is None or turn.codex_turn_id == _turn_of(event.result):
+            await self._turn_named(turn, event.result, replaying=peer.proc.output.replaying)
+
+    def _ours(self, event: object) -> bool:
+        """The event belongs to this session's thread and its current turn."""
+        turn, peer = self._turn, self._peer
+        if turn is None:
+            return False
+        thread_id = getattr(event, "thread_id", "")
+        if thread_id and peer is not None and peer.thread_id is not None and thread_id != peer.thread_id:
+            return False
+        turn_id = getattr(event, "turn_id", "")
+        if not turn_id:
+            return True
+        if turn_id in self._done_turns:
+            return False
+        if turn.codex_turn_id is None:
+            turn.codex_turn_id = turn_id  # turn/started (or an item) before turn/start's answer
+            return True
+        return turn_id == turn.codex_turn_id
+
+    async def _feed(self, turn: TurnMapper, event: object, *, replaying: bool) -> None:
+        for change in turn.feed(event):
+            await self._apply(turn, change, replaying=replaying)
+            if self._turn is not turn:
+                return
+        if turn.retrying and self._retrying_since is None:
+            self._retrying_since = trio.current_time()
+        elif not turn.retrying:
+            self._retrying_since = None
+
+    async def _line_too_long(self, line: LineTooLong, *, replaying: bool) -> None:
+        log.warning("%s: %s", self._tag, line)
+        turn = self._turn
+        if turn is None or turn.fail_with is not None:
+            return
+        # The line may have been the turn's end or an answer: the turn cannot be followed.
+        turn.fail_with = (
+            f"{self.spec.provider} wrote a stdout line of {line.length} bytes, over t3d's limit of "
+            f"{line.limit} bytes; t3d could not read it and stopped the turn",
+            "provider_line_too_long",
+        )
+        if not replaying:  # else once the replay is through
+            await self._stop_turn(turn)
+
+    async def _stop_turn(self, turn: TurnMapper) -> None:
+        """Interrupt a turn the daemon gave up on; stop the process if Codex has not named it."""
+        await self._send_interrupt(turn)
+        if self._proc is not None and turn.codex_turn_id is None:
+            await stop_child(self._proc.process, grace=2.0)  # nothing to interrupt yet
+
+    async def _apply(self, turn: TurnMapper, change: Change, *, replaying: bool = False) -> None:
+        if isinstance(change, ItemChanged):
+            if replaying:  # written once the replay is through (or before its next barrier)
+                self._held[change.item.id] = change.item
+            elif change.final:
+                self._items.forget((change.item.id,))
+                await self._commit(c.RecordItems(turn.turn_id, (change.item,)))
+            else:
+                await self._items.stream(turn.turn_id, change.item)
+        elif isinstance(change, PermissionAsked):
+            await self._flush_held()
+            # Scoped by turn like item ids: Codex's request ids count from 0 per process.
+            request_id = f"{turn.turn_id}:{change.request_id}"
+            self._requests[request_id] = change.request
+            await self._commit(c.OpenRequest(turn.turn_id, request_id, "permission", change.item, change.data))
+        elif isinstance(change, TurnEnded):
+            await self._flush_held()
+            await self._end_turn(change, turn, acked=True)
+
+    async def _end_turn(self, ended: TurnEnded, turn: TurnMapper, *, acked: bool = False) -> None:
+        """End the turn once; with ``acked`` (Codex's own end of it), tell the spawner its
+        output is settled once the end has committed."""
+        if self._turn is not turn:
+            return  # it ended already: one terminal record per turn
+        self._turn = None
+        self._retrying_since = None
+        if turn.codex_turn_id is not None:
+            self._done_turns.append(turn.codex_turn_id)
+        if turn.usage_total is not None:
+            self._usage_total = turn.usage_total
+        closing = tuple(
+            attrs.evolve(i, status="completed" if i.status == "streaming" else "failed", updated_at=self._clock())
+            for i in turn.open_items()
+            if i.kind != "approval_request"
+        )
+        self._items.forget(item.id for item in closing)
+        if closing:
+            await self._commit(c.RecordItems(turn.turn_id, closing))
+        await self._commit(c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, None))
+        self._idle_since = trio.current_time()
+        self._requests.clear()
+        self._items.reset()
+        peer = self._peer
+        if acked and peer is not None:
+            await self._tell_spawner(peer, peer.proc.output.offset)
+
+    # --- commits ---------------------------------------------------------------------------
+
+    async def _flush_held(self) -> None:
+        """Write the item states a replay held back (`HELD_BATCH` per command)."""
+        turn = self._turn
+        held, self._held = self._held, {}
+        if turn is None or not held:
+            return
+        items = tuple(held.values())
+        for start in range(0, len(items), HELD_BATCH):
+            await self._commit(c.RecordItems(turn.turn_id, items[start : start + HELD_BATCH]))
+
+    async def _commit(self, command: c.Command) -> None:
+        """Write after every pending streaming update (`ItemCoalescer.commit`)."""
+        await self._items.commit(functools.partial(self._write, command))
+
+    async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
+        await self._write(c.RecordItems(turn_id, items))
+
+
+def _turn_of(result: object) -> str | None:
+    turn = result.get("turn") if isinstance(result, dict) else None
+    turn_id = turn.get("id") if isinstance(turn, dict) else None
+    return turn_id if isinstance(turn_id, str) else None
+
