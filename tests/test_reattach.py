@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 import trio
 from harness import http, new_thread, run_turn, wait_until
+from reattach_support import Started, answer_in_the_database_only, outcome, wait_terminal
 from served import (
     Served,
     alive,
@@ -33,9 +33,6 @@ from served import (
 )
 
 import replay_fixtures
-from t3d.domain import commands as c
-from t3d.domain.events import AnswerProviderRequest
-from t3d.store.store import open_store
 
 READ, EDIT = "Please READ notes.txt", "Now EDIT notes.txt"
 RECORDED_EDIT_REQUEST = "37a06034-d329-44cb-8e0a-b8fa2e8f4446"
@@ -58,15 +55,6 @@ def environment(tmp_path: Path) -> dict[str, str]:
     text = replay_fixtures.DEFAULT_FIXTURE.read_text()
     fixture.write_text(text.replace(RECORDED_EDIT_REQUEST, "5f0c1d2e-0000-4000-8000-000000000002"))
     return base_env(T3D_REPLAY_FIXTURE=str(fixture), T3D_REPLAY_SPEED="0")
-
-
-class Started:
-    """The three threads and their open turns."""
-
-    def __init__(self) -> None:
-        self.threads: dict[str, str] = {}  # role -> thread id
-        self.turns: dict[str, str] = {}  # role -> turn id
-        self.request = ""
 
 
 async def start_turns(daemon: Served, project: Path) -> Started:
@@ -96,44 +84,6 @@ async def answer_and_finish(daemon: Served, started: Started) -> None:
     async with open_ws(daemon) as client:
         await client.call("request.respond", request_id=started.request, decision="allow")
     await wait_terminal(daemon, list(started.turns.values()))
-
-
-async def wait_terminal(daemon: Served, turn_ids: list[str]) -> None:
-    marks = ",".join("?" * len(turn_ids))
-    while True:
-        rows = await query(daemon.db_path, f"SELECT status FROM turns WHERE id IN ({marks})", *turn_ids)
-        if len(rows) == len(turn_ids) and all(s in ("completed", "failed", "interrupted", "cancelled") for (s,) in rows):
-            return
-        await trio.sleep(0.1)
-
-
-async def outcome(daemon: Served, started: Started) -> dict[str, Any]:
-    """Every turn of the three threads and its items, with ids and times taken out."""
-    labels = {**{v: f"<{k}>" for k, v in started.threads.items()}}
-    result: dict[str, Any] = {}
-    for role, thread_id in started.threads.items():
-        turns = await query(daemon.db_path, "SELECT id, body FROM turns WHERE thread_id = ? ORDER BY ordinal", thread_id)
-        for turn_id, body in turns:
-            labels[turn_id] = f"<{role}:{orjson.loads(body)['ordinal']}>"
-    for thread_id in started.threads.values():
-        for turn_id, body in await query(daemon.db_path, "SELECT id, body FROM turns WHERE thread_id = ? ORDER BY ordinal", thread_id):
-            turn = orjson.loads(body)
-            items = await query(daemon.db_path, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", turn_id)
-            requests = await query(daemon.db_path, "SELECT body FROM requests WHERE turn_id = ?", turn_id)
-            record = {
-                "turn": {k: turn.get(k) for k in ("ordinal", "status", "reason", "error", "usage", "cost_usd")},
-                "items": [_without(orjson.loads(b), "updated_at") for (b,) in items],
-                "requests": [_without(orjson.loads(b), "created_at", "resolved_at") for (b,) in requests],
-            }
-            text = orjson.dumps(record).decode()
-            for real, label in labels.items():
-                text = text.replace(real, label)
-            result[labels[turn_id]] = orjson.loads(text)
-    return result
-
-
-def _without(entity: dict[str, Any], *names: str) -> dict[str, Any]:
-    return {k: v for k, v in entity.items() if k not in names}
 
 
 _control: dict[str, Any] = {}
@@ -297,7 +247,7 @@ async def test_an_answer_the_cli_never_read_is_sent_again_after_the_restart(tmp_
                 pids = await provider_pids(first)
                 first.process.send_signal(signal.SIGKILL)
                 await first.process.wait()
-            await _answer_in_the_database_only(state / "t3d.sqlite", started.request)
+            await answer_in_the_database_only(state / "t3d.sqlite", started.request)
             async with serve(state, *flags(), env=env) as second:
                 await wait_terminal(second, list(started.turns.values()))
                 assert "answering request" in second.stderr_text()
@@ -306,17 +256,6 @@ async def test_an_answer_the_cli_never_read_is_sent_again_after_the_restart(tmp_
                 assert got == expected
     finally:
         kill_leftovers(pids, state)
-
-
-async def _answer_in_the_database_only(db: Path, request_id: str) -> None:
-    """As if the dead daemon had committed the answer and handed it to the session, which
-    never wrote it: resolve the request, and mark its effect done."""
-    async with open_store(db, on_writer_lost=lambda error: None, recover=False) as store:
-        await store.execute(c.RespondToRequest(request_id, "allow"))
-        effects = await store.pending_effects()
-        answers = [i for i, effect in effects if isinstance(effect, AnswerProviderRequest)]
-        assert len(answers) == 1
-        await store.mark_effects_done(answers)
 
 
 async def test_a_turn_whose_output_passed_the_replay_buffer_carries_on_from_the_live_point(
