@@ -12,6 +12,7 @@ host log, which shows what t3d sent each app-server (and what it did not send ag
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 import trio
-from harness import new_thread, run_turn, wait_until
+from harness import http, new_thread, run_turn, wait_until
 from reattach_support import Started, answer_in_the_database_only, outcome, wait_terminal
 from served import (
     Served,
@@ -282,3 +283,36 @@ async def test_a_codex_turn_whose_output_passed_the_replay_buffer_carries_on_fro
         kill_leftovers(pids, state)
         spawner.kill()
         await spawner.wait()
+
+
+async def test_a_killed_spawner_fails_the_codex_turns_and_the_daemon_carries_on(tmp_path: Path, project: Path) -> None:
+    """SIGKILL to the spawner while Codex agents run: they are stopped (nothing relays their
+    output any more), their turns fail with reason `spawner_lost`, the pending approval is
+    closed with its turn, the daemon restarts the spawner, and the next turn works."""
+    state = tmp_path / "state"
+    pids: list[int] = []
+    try:
+        with trio.fail_after(120):
+            async with serve(state, *flags(), env=environment(tmp_path / "host.jsonl")) as daemon:
+                started = await start_turns(daemon, project)
+                pids = await provider_pids(daemon)
+                status, spawner = await http(daemon, "GET", "/api/spawner")
+                assert status == 200
+                os.kill(spawner["pid"], signal.SIGKILL)
+                assert await wait_gone(pids, 20) == []
+                await wait_terminal(daemon, list(started.turns.values()))
+                async with open_ws(daemon) as client:
+                    for role, turn_id in started.turns.items():
+                        snapshot = await client.call("thread.snapshot", thread_id=started.threads[role])
+                        [turn] = [t for t in snapshot["turns"] if t["id"] == turn_id]
+                        assert (turn["status"], turn["reason"]) == ("failed", "spawner_lost"), (role, turn)
+                        assert "the spawner died" in turn["error"]
+                    assert (await client.call("requests.pending"))["requests"] == []
+                    status, restarted = await http(daemon, "GET", "/api/spawner")
+                    assert status == 200 and restarted["pid"] != spawner["pid"]
+                    await client.call("subscribe.thread", thread_id=started.threads["c"])
+                    after = await run_turn(client, started.threads["c"], PATCH)
+                    assert after.turn["status"] == "completed"
+                pids += await provider_pids(daemon)
+    finally:
+        kill_leftovers(pids, state)
