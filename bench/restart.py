@@ -36,7 +36,7 @@ from bench.sampler import Sampler
 from bench.stats import maximum, percentile
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
-PROVIDER_MARK = "fake_claude"
+PROVIDER_MARKS = ("fake_claude", "fake_codex")
 
 
 @attrs.define
@@ -65,7 +65,7 @@ def agents_alive(daemon: d.RunningDaemon) -> list[procfs.ProcessId]:
     roots = [daemon.process.pid, *([spawner] if spawner is not None else [])]
     found = []
     for pid in procfs.descendants(roots):
-        if pid != spawner and any(arg.endswith(PROVIDER_MARK) for arg in procfs.cmdline(pid)):
+        if pid != spawner and any(arg.endswith(PROVIDER_MARKS) for arg in procfs.cmdline(pid)):
             ident = procfs.ProcessId.of(pid)
             if ident is not None:
                 found.append(ident)
@@ -128,19 +128,25 @@ async def run_restarts(
 
 
 def fixture_final_texts(fixture: Path) -> list[str | None]:
-    """Per turn of a fixture transcript, the text of its last assistant text block."""
+    """Per turn of a fixture transcript, the text of its last assistant message: the last
+    text block (Claude's stream-json), or the last completed ``agentMessage`` (a Codex
+    app-server recording, whose turns start at each ``turn/start``)."""
     texts: list[str | None] = []
     for raw in fixture.read_text().splitlines():
         if not raw.strip():
             continue
         host = raw.startswith(">>> ")
         obj = json.loads(raw[4:] if host else raw)
-        if host and obj.get("type") == "user":
+        if host and (obj.get("type") == "user" or obj.get("method") == "turn/start"):
             texts.append(None)
         elif not host and texts and obj.get("type") == "assistant":
             for block in (obj.get("message") or {}).get("content") or []:
                 if isinstance(block, dict) and block.get("type") == "text":
                     texts[-1] = block.get("text")
+        elif not host and texts and obj.get("method") == "item/completed":
+            item = (obj.get("params") or {}).get("item") or {}
+            if item.get("type") == "agentMessage":
+                texts[-1] = item.get("text")
     return texts
 
 
@@ -150,12 +156,13 @@ def read_turns(db: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str | Non
     conn = apsw.Connection(str(db), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         turns: dict[str, dict[str, Any]] = {}
-        for tid, thread_id, ordinal, status, body in conn.execute(
-            "SELECT id, thread_id, ordinal, status, body FROM turns"
+        for tid, thread_id, ordinal, status, body, provider in conn.execute(
+            "SELECT t.id, t.thread_id, t.ordinal, t.status, t.body, json_extract(th.body, '$.provider') "
+            "FROM turns t LEFT JOIN threads th ON th.id = t.thread_id"
         ):
             turn = json.loads(body)
             turns[tid] = {"status": status, "ordinal": ordinal, "reason": turn.get("reason"),
-                          "thread_id": thread_id, "started_at": turn.get("started_at")}  # fmt: skip
+                          "thread_id": thread_id, "started_at": turn.get("started_at"), "provider": provider}  # fmt: skip
         processes: dict[tuple[str, int], list[float]] = {}  # (thread, pid) -> [first start, last exit]
         for thread_id, body in conn.execute("SELECT thread_id, body FROM sessions"):
             session = json.loads(body)
@@ -187,9 +194,10 @@ def _rank_by_process(turns: dict[str, dict[str, Any]], processes: dict[tuple[str
 
 
 def restart_figures(
-    records: list[RestartRecord], load_turns: list[dict[str, Any]], db: Path, fixture: Path
+    records: list[RestartRecord], load_turns: list[dict[str, Any]], db: Path, fixtures: dict[str, Path]
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The restart figures, and one row per turn in flight at a restart."""
+    """The restart figures, and one row per turn in flight at a restart (``fixtures``: the
+    recording each provider plays)."""
     fig: dict[str, Any] = {"restarts": len(records)}
     serving = [r.serving_s for r in records if r.serving_s is not None]
     fig["restart_serving_p50_s"], fig["restart_serving_max_s"] = percentile(serving, 50), maximum(serving)
@@ -197,7 +205,7 @@ def restart_figures(
     fig["agents_killed"] = sum(r.killed or 0 for r in records)
     turns, final = read_turns(db) if db.exists() else ({}, {})
     fig["turns_server_restart"] = sum(1 for t in turns.values() if t["reason"] == "server_restart")
-    expected = fixture_final_texts(fixture)
+    recorded = {provider: fixture_final_texts(path) for provider, path in fixtures.items()}
     rows = []
     for t in load_turns:
         hit = next((r for r in records if t["start"] < r.at and (t["end"] is None or t["end"] > r.at)), None)
@@ -205,6 +213,7 @@ def restart_figures(
             continue
         stored = turns.get(t["turn_id"], {})
         played = stored.get("played")
+        expected = recorded.get(stored.get("provider") or "", [])
         want = expected[(played - 1) % len(expected)] if played and expected else None
         rows.append({
             "turn_id": t["turn_id"], "session": t["session"], "restart_at": hit.at,

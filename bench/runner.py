@@ -301,8 +301,8 @@ def _restart_result(
     """The restart figures, notes and CSVs of a run with --restart-every."""
     load = orjson.loads(load_out.read_bytes()) if load_out.exists() else None
     turns = figures.turns_of(load) if load else []
-    fixture = fixture_path(spec.profile.fixture)
-    fig, rows = r.restart_figures(records, turns, state.root / "t3d.sqlite", fixture)
+    fixtures = {"replay": fixture_path(spec.profile.fixture), "replay-codex": fixture_path(spec.profile.codex_fixture)}
+    fig, rows = r.restart_figures(records, turns, state.root / "t3d.sqlite", fixtures)
     result.figures.update(fig)
     result.notes.extend(r.note(record, i + 1) for i, record in enumerate(records))
     if len(records) == 0:

@@ -13,7 +13,7 @@ from bench import procfs
 from bench import restart as r
 from bench.figures import RESTART_FIGURES
 from bench.fixture import fixture_path
-from bench.profiles import TURNS_FIXTURE
+from bench.profiles import CODEX_FIXTURES, TURNS_FIXTURE
 from bench.report import LABELS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +23,14 @@ def test_each_fixture_turn_has_its_final_text() -> None:
     """The bench fixture's five turns each end with an assistant text, and they differ (so a
     turn compared with the wrong turn of the recording does not pass)."""
     texts = r.fixture_final_texts(fixture_path(TURNS_FIXTURE))
+    assert len(texts) == 5 and all(texts)
+    assert len(set(texts)) == 5
+
+
+def test_each_codex_fixture_turn_has_its_final_text() -> None:
+    """The Codex bench fixture's five turns (one per turn/start) each end with a completed
+    agentMessage, and they differ, so restarted Codex turns are checked against the recording."""
+    texts = r.fixture_final_texts(fixture_path(CODEX_FIXTURES[TURNS_FIXTURE]))
     assert len(texts) == 5 and all(texts)
     assert len(set(texts)) == 5
 
