@@ -103,8 +103,11 @@ class ResumeAfterRestart(TurnDriver):
         await self._resend_answers(reattach)
         if peer.turn_request_id is not None:  # turn/start's answer is not in the replay
             nursery.start_soon(self._await_turn_start, mapper, peer)
-        if mapper.interrupt_requested or mapper.fail_with is not None:
+        if mapper.fail_with is not None:  # given up on in the replay (a line too long)
             await self._stop_turn(mapper)
+        elif mapper.interrupt_requested:  # (unless Codex has not named the turn yet: then it escalates)
+            await self._send_interrupt(mapper)
+        if mapper.fail_with is not None or mapper.interrupt_requested:
             nursery.start_soon(self._escalate_interrupt, mapper, peer)
 
     def _resume_turn(self, reattach: Reattach, peer: CodexPeer) -> None:
