@@ -316,3 +316,44 @@ async def test_a_killed_spawner_fails_the_codex_turns_and_the_daemon_carries_on(
                 pids += await provider_pids(daemon)
     finally:
         kill_leftovers(pids, state)
+
+
+async def test_a_taken_over_codex_turn_is_interrupted_with_codexs_own_ids(tmp_path: Path, project: Path) -> None:
+    """kill -9 while a Codex turn streams (the recording's slow count, which runs until it is
+    interrupted): after the takeover, turn.interrupt reaches Codex as turn/interrupt naming the
+    Codex thread and turn the replay showed, under an id above every earlier one, Codex honours
+    it (the turn ends `interrupted`, reason `interrupt`, not stopped at the interrupt timeout),
+    and the agent goes on to the next turn."""
+    state, log = tmp_path / "state", tmp_path / "host.jsonl"
+    env = environment(log)
+    pids: list[int] = []
+    try:
+        with trio.fail_after(120):
+            async with serve(state, *flags(), env=env) as first, open_ws(first) as client:
+                thread_id = await new_thread(client, project, provider="codex")
+                for text in (PING, SHELL, PATCH):  # the fake plays the recorded turns in order
+                    assert (await run_turn(client, thread_id, text)).turn["status"] == "completed"
+                turn_id = (await client.call("turn.start", thread_id=thread_id, text="SLOW count please"))["turn_id"]
+                await client.wait_event(
+                    lambda d: d["entity"].get("turn_id") == turn_id and d["entity"].get("kind") == "assistant_message"
+                )
+                pids = await provider_pids(first)
+                first.process.send_signal(signal.SIGKILL)
+                await first.process.wait()
+            async with serve(state, *flags(), env=env) as second, open_ws(second) as client:
+                assert "took over 1 agent(s)" in second.stderr_text()
+                await client.call("subscribe.thread", thread_id=thread_id)
+                await client.call("turn.interrupt", thread_id=thread_id)
+                await wait_terminal(second, [turn_id])
+                [(body,)] = await query(second.db_path, "SELECT body FROM turns WHERE id = ?", turn_id)
+                turn = json.loads(body)
+                assert (turn["status"], turn["reason"]) == ("interrupted", "interrupt"), turn
+                after = await run_turn(client, thread_id, "ping again")
+                assert after.turn["status"] == "completed"
+                assert await provider_pids(second) == pids
+        [interrupt] = sent(log, "turn/interrupt")
+        slow_start = [m for m in sent(log, "turn/start") if m["params"]["input"][0]["text"].startswith("SLOW")]
+        assert interrupt["params"]["threadId"] == slow_start[0]["params"]["threadId"]
+        assert interrupt["id"] > slow_start[0]["id"]
+    finally:
+        kill_leftovers(pids, state)
