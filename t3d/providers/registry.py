@@ -17,8 +17,9 @@ terms.
 
 Rules: pure lookups, no I/O; an unknown provider raises `ValueError` (the
 domain refuses such threads before any session exists). Only the providers in
-`REATTACHABLE` have a session that can take a running process over after a
-daemon restart (`Reattachable`); the others' agents stop with their daemon.
+`REATTACHABLE` (all four today) have a session that can take a running process
+over after a daemon restart (`Reattachable`); a provider added without one
+has its agents stopped at a restart, and its threads go on with a new process.
 """
 
 from __future__ import annotations
