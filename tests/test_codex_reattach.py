@@ -2,9 +2,9 @@
 other on one state dir, the real spawner, and the fake ``codex app-server`` replaying the bundled
 multi-turn recording slowly enough that the restart lands mid-turn.
 
-Three agents: A and B (the replay-codex provider, at 0.05 of the recorded speed) stream their
-"ping" turn, and C (the codex provider, run as the fake at full speed) waits on the command
-approval of its "Please run SHELL" turn. A control run without a restart gives the items,
+Most tests run three agents: A and B (the replay-codex provider, at 0.05 of the recorded speed)
+stream their "ping" turn, and C (the codex provider, run as the fake at full speed) waits on the
+command approval of its "Please run SHELL" turn. A control run without a restart gives the items,
 requests and results every turn must end with. Every fake appends what it reads on stdin to one
 host log, which shows what t3d sent each app-server (and what it did not send again).
 """
@@ -40,10 +40,10 @@ PING, SHELL, PATCH = "ping", "Please run SHELL", "Please PATCH"
 SLOW = "0.05"
 
 
-def flags(window: str = "60") -> tuple[str, ...]:
+def flags(window: str = "60", codex_bin: Path = replay_fixtures.FAKE_CODEX) -> tuple[str, ...]:
     return (
         "--replay-speed", SLOW,  # replay-codex's pace (C's fake reads T3D_REPLAY_SPEED)
-        "--codex-bin", str(replay_fixtures.FAKE_CODEX),
+        "--codex-bin", str(codex_bin),
         "--agent-reattach-window", window,
         "--checkpoints", "off",
     )  # fmt: skip
@@ -356,4 +356,51 @@ async def test_a_taken_over_codex_turn_is_interrupted_with_codexs_own_ids(tmp_pa
         assert interrupt["params"]["threadId"] == slow_start[0]["params"]["threadId"]
         assert interrupt["id"] > slow_start[0]["id"]
     finally:
+        kill_leftovers(pids, state)
+
+
+async def test_an_app_server_left_before_its_handshake_is_replaced_and_the_turn_runs_on_a_new_one(
+    tmp_path: Path, project: Path
+) -> None:
+    """The daemon was killed while its new app-server had not yet answered ``initialize``: the
+    next daemon finds the process with no Codex thread in its meta, stops it (it cannot take it
+    over), and runs the open turn on a new app-server, where it ends as a turn that never saw a
+    restart does."""
+    state, log, gate = tmp_path / "state", tmp_path / "host.jsonl", tmp_path / "gate"
+    wrapper = tmp_path / "slow-codex"
+    wrapper.write_text(
+        f'#!/bin/sh\nwhile [ ! -e "{gate}" ]; do sleep 0.05; done\nexec "{replay_fixtures.FAKE_CODEX}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    env = environment(log)
+    options = flags(codex_bin=wrapper)
+    pids: list[int] = []
+    try:
+        with trio.fail_after(120):
+            async with serve(state, *options, env=env) as first, open_ws(first) as client:
+                thread_id = await new_thread(client, project, provider="codex")
+                turn_id = (await client.call("turn.start", thread_id=thread_id, text=PING))["turn_id"]
+                await wait_until(lambda: provider_pids(first))
+                pids = await provider_pids(first)
+                first.process.send_signal(signal.SIGKILL)
+                await first.process.wait()
+            assert all(alive(pid) for pid in pids)  # the spawner kept it
+            gate.touch()
+            async with serve(state, *options, env=env) as second:
+                await wait_terminal(second, [turn_id])
+                assert "left before its handshake finished" in second.stderr_text()
+                assert await wait_gone(pids, 20) == []
+                async with open_ws(second) as client:
+                    control_thread = await new_thread(client, project, provider="codex")
+                    assert (await run_turn(client, control_thread, PING)).turn["status"] == "completed"
+                restarted, control = Started(), Started()
+                restarted.threads["c"], control.threads["c"] = thread_id, control_thread
+                got, expected = await outcome(second, restarted), await outcome(second, control)
+                assert got["<c:1>"]["turn"]["status"] == "completed"
+                assert got == expected
+                pids += await provider_pids(second)
+        assert len(sent(log, "turn/start")) == 2  # the restarted turn once, the control's once
+        assert sent(log, "thread/resume") == []  # the first process never named a Codex thread
+    finally:
+        gate.touch()
         kill_leftovers(pids, state)
