@@ -20,6 +20,7 @@ from typing import Protocol
 import trio
 
 from t3d.providers.claude.adapter import TurnEnded, TurnMapper
+from t3d.providers.lines import LineTooLong
 from t3d.providers.output import ProviderOutput
 from t3d.spawn.child import Child, stop_child
 
@@ -58,6 +59,9 @@ class ClaudeProcess:
         self.detached = False
         # Stopped because its turn got no output for the silence timeout.
         self.silenced = False
+        # Stopped because it wrote a stdout line over the limit during a turn (that line
+        # may have been the turn's end or a prompt, so the turn cannot be followed).
+        self.line_too_long: LineTooLong | None = None
         # Left running for the next daemon (this one is stopping): its exit is not ours.
         self.detaching = False
         # The turn last handed to the process and the stdout offset its output starts at
@@ -105,6 +109,13 @@ class ClaudeProcess:
         if self.forced_stop:
             error = f"{provider} did not stop within {spec.interrupt_timeout:g} s of the interrupt; its process was stopped"
             return TurnEnded("interrupted", error, "interrupt_timeout", None, None)
+        if self.line_too_long is not None:
+            line = self.line_too_long
+            error = (
+                f"{provider} wrote a stdout line of {line.length} bytes, over t3d's limit of "
+                f"{line.limit} bytes; t3d could not read it and stopped the turn"
+            )
+            return TurnEnded("failed", error, "provider_line_too_long", None, None)
         if turn.interrupt_requested:
             return TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
         if self.silenced:

@@ -431,6 +431,11 @@ class ClaudeSession(ResumeAfterRestart):
             return  # replayed output from before the turn (or all of it, between turns)
         if isinstance(line, LineTooLong):
             self._warnings.warning(str(line))
+            if self._turn is not None and proc.line_too_long is None:
+                # The line may have been the turn's end or a prompt: the turn cannot be
+                # followed, so it fails (at the exit) instead of running on forever.
+                proc.line_too_long = line
+                await stop_child(proc.process, grace=2.0)
             return
         try:
             event = parse_line(line)
