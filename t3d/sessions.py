@@ -249,20 +249,36 @@ class Sessions:
     async def _fail_turn(self, turn_id: str, error: str, reason: str) -> None:
         await self._finish_turn(turn_id, "failed", error, reason)
 
-    async def stop_all(self, *, detach: bool = False) -> None:
+    async def stop_all(self, *, detach: bool = False) -> list[str]:
         """Ask every session to stop, all at once (a session ending meanwhile is fine);
         a session whose inbox is full stops when it reaches the inbox's end. With
-        ``detach``, sessions whose agent can outlive the daemon leave it running."""
+        ``detach``, sessions whose agent can outlive the daemon leave it running.
+        Returns the last turn of each session told to stop its agent (`end_stopped_turns`)."""
         lives, self._live = self._live, {}
+        stopped = []
         for thread_id, live in lives.items():
             session = live.session
             child = None if session is None else session.process
             if detach and isinstance(session, registry.Reattachable) and child is not None and child.detachable:
                 session.detach()
             else:
+                if live.turn_id is not None:
+                    stopped.append(live.turn_id)
                 with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
                     live.inbox.send_nowait(ev.StopProviderSession(thread_id))
             await live.inbox.aclose()
+        return stopped
+
+    async def end_stopped_turns(self, turn_ids: list[str]) -> None:
+        """Once the sessions have stopped at shutdown: a turn whose agent was stopped with the
+        daemon ends now (a turn that ended already is left as it is), not at the next start."""
+        for turn_id in turn_ids:
+            await self._finish_turn(
+                turn_id,
+                "interrupted",
+                "the daemon shut down and stopped this turn's agent; start a new turn to continue",
+                "server_shutdown",
+            )
 
 
 def _not_recorded(rejected: LogLimiter, command: c.Command, error: DomainError) -> None:
@@ -281,10 +297,15 @@ async def open_sessions(
 ) -> AsyncIterator[Sessions]:
     """The sessions' supervisor. At exit ``stop_at_exit()`` says whether agents are stopped
     or left running for the next daemon (where the spawner and the provider allow it)."""
-    async with trio.open_nursery() as nursery:
-        sessions = Sessions(nursery, store, spawner, settings, clock, stop_at_exit)
-        try:
-            yield sessions
-        finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(10):
-                await sessions.stop_all(detach=not stop_at_exit())
+    stopped: list[str] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            sessions = Sessions(nursery, store, spawner, settings, clock, stop_at_exit)
+            try:
+                yield sessions
+            finally:
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    stopped = await sessions.stop_all(detach=not stop_at_exit())
+    finally:  # every session has ended (its agent stopped or left running)
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await sessions.end_stopped_turns(stopped)
