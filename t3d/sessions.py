@@ -35,7 +35,7 @@ import trio
 from t3d.config import Settings
 from t3d.domain import commands as c
 from t3d.domain import events as ev
-from t3d.errors import DomainError, SpawnerError
+from t3d.errors import DomainError, SpawnerError, StoreError
 from t3d.pressure.readers import AgentProcess
 from t3d.providers import registry
 from t3d.providers.claude.session import BeforeTurn, SessionSpec
@@ -271,14 +271,18 @@ class Sessions:
 
     async def end_stopped_turns(self, turn_ids: list[str]) -> None:
         """Once the sessions have stopped at shutdown: a turn whose agent was stopped with the
-        daemon ends now (a turn that ended already is left as it is), not at the next start."""
+        daemon ends now (a turn that ended already is left as it is), not at the next start;
+        if the database cannot take it, the next start's recovery closes the turn."""
         for turn_id in turn_ids:
-            await self._finish_turn(
-                turn_id,
-                "interrupted",
-                "the daemon shut down and stopped this turn's agent; start a new turn to continue",
-                "server_shutdown",
-            )
+            try:
+                await self._finish_turn(
+                    turn_id,
+                    "interrupted",
+                    "the daemon shut down and stopped this turn's agent; start a new turn to continue",
+                    "server_shutdown",
+                )
+            except StoreError as exc:
+                log.warning("turn %s: could not record its end at shutdown (%s); the next start closes it", turn_id, exc)
 
 
 def _not_recorded(rejected: LogLimiter, command: c.Command, error: DomainError) -> None:
@@ -307,5 +311,6 @@ async def open_sessions(
                 with trio.CancelScope(shield=True), trio.move_on_after(10):
                     stopped = await sessions.stop_all(detach=not stop_at_exit())
     finally:  # every session has ended (its agent stopped or left running)
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
-            await sessions.end_stopped_turns(stopped)
+        if stopped:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await sessions.end_stopped_turns(stopped)
