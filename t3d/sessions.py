@@ -12,7 +12,9 @@ At shutdown every session either stops its agent or, when the daemon is meant to
 leave agents running (``stop_at_exit()`` is False), the spawner can keep them
 (`Child.detachable`) and the provider's session can take a process over after a
 restart (`registry.Reattachable`), detaches: it stops reading, lets its writes
-commit and leaves the agent to the next daemon. At start-up `reattach` gives each
+commit and leaves the agent to the next daemon. Once every session has ended, the turn
+each stopped agent was running ends ``interrupted`` (``server_shutdown``), so the database
+the daemon leaves has no turn running without an agent. At start-up `reattach` gives each
 agent a previous daemon left (`t3d/restart.py`) a session that replays and
 continues its open turn. This plumbing is provider-neutral; replaying a turn is
 each provider session's.
