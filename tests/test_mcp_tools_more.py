@@ -1,6 +1,6 @@
 """The MCP work tools that stop things, driven by the official ``mcp`` SDK's streamable HTTP
 client (as in tests/test_mcp.py) against a real in-process daemon whose replay agent (the
-fake CLI, a real subprocess under the real spawner) plays its turn at 0.15 of the recorded
+fake CLI, a real subprocess under the real spawner) plays its turn at 0.1 of the recorded
 speed, so that the tool lands mid-turn.
 """
 
@@ -64,7 +64,7 @@ async def test_interrupt_turn_ends_a_streaming_turn_interrupted(tmp_path: Path, 
     the text streamed so far, the agent itself keeps running (an interrupt is not a kill),
     and a second interrupt_turn, with nothing running, is a tool error naming the thread."""
     with trio.fail_after(120):
-        daemon = await start_daemon(nursery, tmp_path / "state", replay_speed=0.15, checkpoints="off")
+        daemon = await start_daemon(nursery, tmp_path / "state", replay_speed=0.1, checkpoints="off")
         async with mcp_client(daemon, mode) as client:
             thread_id, before = await delegate_streaming(client, tmp_path)
             pid = await agent_pid(daemon, thread_id)
@@ -90,7 +90,7 @@ async def test_force_stop_kills_a_streaming_agent_and_cancels_its_turn(tmp_path:
     ended ``cancelled`` (reason ``force_stop``), and a second force_stop, with no agent
     left, is a tool error saying there is nothing to stop."""
     with trio.fail_after(120):
-        daemon = await start_daemon(nursery, tmp_path / "state", replay_speed=0.15, checkpoints="off")
+        daemon = await start_daemon(nursery, tmp_path / "state", replay_speed=0.1, checkpoints="off")
         async with mcp_client(daemon, "auto") as client:
             thread_id, before = await delegate_streaming(client, tmp_path)
             pid = await agent_pid(daemon, thread_id)

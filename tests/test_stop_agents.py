@@ -7,7 +7,7 @@ because its database writer is lost does not stop its agents: the next daemon on
 dir reattaches and the turns complete.
 
 Real parts: `t3d serve` subprocesses (tests/served.py), one run in a real pseudo-terminal
-(tests/pty_support.py), the real spawner, and the replay fake CLI at 0.15 of the recorded
+(tests/pty_support.py), the real spawner, and the replay fake CLI at 0.05 of the recorded
 speed so that the stop lands mid-turn. The writer is lost in a `t3d serve` run through
 tests/fixtures/writer_loss_t3d.py, which on SIGUSR1 hands the writer thread something that
 is not a job, as a bug would (as tests/test_store_batching.py does in-process).
@@ -40,7 +40,7 @@ import replay_fixtures
 
 T3D = str(Path(sys.executable).parent / "t3d")
 READ = "Please READ notes.txt"
-SLOW = "0.15"
+SLOW = "0.05"  # a READ turn takes about 30 s: the stop lands mid-turn even on a loaded machine
 AGENTS = 2
 
 
