@@ -60,6 +60,13 @@ class Settings:
     loop_monitor: str = "on"
     # Per-turn git checkpoints (t3d/git); off only to measure their cost.
     checkpoints: str = "on"
+    # Every thread's workspace status (branch, ahead/behind, changed files) kept in memory
+    # and pushed to subscribers (t3d/git/workspaces.py); off only to measure its cost.
+    workspace_status: str = "on"
+    # Seconds between looks at the files watched workspaces depend on (a few stat calls each).
+    workspace_status_interval: float = 2.0
+    # Pull requests of branches on GitHub, GitLab or Gitea through gh, glab or tea.
+    pull_requests: str = "on"
     # Live events projected and encoded once for all subscribers, and fresh snapshots
     # shared per wave; false projects per subscriber (only to measure against).
     live_encode_once: bool = True
@@ -274,6 +281,9 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "max_active_turns": ("T3D_MAX_ACTIVE_TURNS", _int_in(0, 100000)),
     "loop_monitor": ("T3D_LOOP_MONITOR", _choice("on", "off")),
     "checkpoints": ("T3D_CHECKPOINTS", _choice("on", "off")),
+    "workspace_status": ("T3D_WORKSPACE_STATUS", _choice("on", "off")),
+    "workspace_status_interval": ("T3D_WORKSPACE_STATUS_INTERVAL", _float_in(0.1, 60.0)),
+    "pull_requests": ("T3D_PULL_REQUESTS", _choice("on", "off")),
     "live_encode_once": ("T3D_LIVE_ENCODE_ONCE", _true_false),
     "provider_commit_batching": ("T3D_PROVIDER_COMMIT_BATCHING", _true_false),
     "sqlite_synchronous": ("T3D_SQLITE_SYNCHRONOUS", _choice("full", "normal")),

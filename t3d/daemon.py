@@ -38,6 +38,7 @@ from t3d.effects import EffectQueue, run_effects
 from t3d.errors import WriterLostError
 from t3d.gc_tuning import GcPauses
 from t3d.git.service import Checkpoints
+from t3d.git.workspaces import WorkspaceStatuses
 from t3d.health import health_report
 from t3d.live.hub import Hub
 from t3d.loop_monitor import LoopMonitor
@@ -124,6 +125,19 @@ async def _run_daemon(
         ) as store:
             hub = Hub(encode_once=settings.live_encode_once)
             effects = EffectQueue()
+            statuses: WorkspaceStatuses | None = None
+            if settings.workspace_status == "on":
+                statuses = WorkspaceStatuses(
+                    store,
+                    publish=hub.publish_workspace,
+                    watchers=hub.watchers,
+                    interval=settings.workspace_status_interval,
+                    pull_requests=settings.pull_requests == "on",
+                    files_follow_checkpoints=settings.checkpoints == "on",
+                    forge_workers=settings.spawner_forge_pool or 4,
+                )
+                hub.workspaces = statuses
+                store.on_commit(statuses.on_commit)  # before the hub: rows carry the new directory's status
             store.on_commit(hub.publish)
             store.on_commit(effects.on_commit)
             pruner = Pruner(
@@ -155,6 +169,8 @@ async def _run_daemon(
                 )
                 if settings.checkpoints == "on":
                     sessions.before_turn = checkpoints.ensure_baseline
+                if statuses is not None:
+                    checkpoints.on_tree = statuses.files_seen
 
                 async def route_effect(effect: Effect) -> None:
                     """Checkpoint captures to the git driver, everything else to the sessions."""
@@ -203,6 +219,7 @@ async def _run_daemon(
                     )
                     report["checkpoints"] = checkpoints.statistics()
                     report["retention"] = pruner.statistics()
+                    report["workspace_status"] = statuses.statistics() if statuses is not None else None
                     report["gc"] = gc_pauses.statistics()
                     report["live"] = app.live_statistics()
                     report["memory_pressure"] = memory = pressure.statistics()
@@ -217,6 +234,8 @@ async def _run_daemon(
                 await nursery.start(run_pressure_sampler, pressure)
                 await nursery.start(run_effects, store, effects, admission.dispatch)
                 await nursery.start(observer.spawner.run)
+                if statuses is not None:
+                    await nursery.start(statuses.run, spawner)
 
                 def request_shutdown(stop_agents: bool) -> dict[str, Any]:
                     """server.shutdown: reply, then stop as SIGTERM would (``stop_agents``: as Ctrl-C)."""
@@ -240,7 +259,7 @@ async def _run_daemon(
                     Methods(
                         store,
                         force_stop=sessions.force_stop,
-                        git=GitMethods(store, checkpoints, settings.state_dir),
+                        git=GitMethods(store, checkpoints, settings.state_dir, statuses=statuses),
                         shutdown=request_shutdown,
                         db=DbMethods(store, pruner, DbJobs(nursery)),
                         agents=observer.agents,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import orjson
@@ -110,7 +110,7 @@ class ApiApp:
         self.hub = hub
         # Subscription bases; fresh snapshots shared per wave unless the hub projects per
         # subscriber (the setting that turns project-once off turns this off too).
-        self.bases = BaseReader(methods.store, share=hub.encode_once)
+        self.bases = BaseReader(methods.store, share=hub.encode_once, workspaces=self._workspace_rows)
         self._token = token
         self._health = health
         self._bound = bound
@@ -118,6 +118,10 @@ class ApiApp:
         self.mcp = McpServer(McpTools(methods, self._shell_json))
         # The web page, its sign-in links and cookie sessions (t3d/api/web_page.py).
         self.web = WebPage(token, bound)
+
+    def _workspace_rows(self) -> Mapping[str, bytes]:
+        """Thread id -> workspace status, for the shell rows a read is about to return."""
+        return self.hub.workspaces.rows() if self.hub.workspaces is not None else {}
 
     def live_statistics(self) -> dict[str, int]:
         """For /api/health: what the open WebSocket connections hold for their clients,
@@ -437,7 +441,9 @@ class WsConnection:
             else DEFAULT_TURN_LIMIT
         )
         after = p.opt_int("after_sequence", default=None, low=0, high=1 << 62)
+        workspace = p.opt_bool("workspace", default=False)
+        asked = isinstance(request.params, dict) and "workspace" in request.params
         p.check()
         topic: Literal["thread", "shell"] = "thread" if request.method == "subscribe.thread" else "shell"
-        await self.feeds.subscribe(request.id, topic, thread_id, turn_limit, after)
+        await self.feeds.subscribe(request.id, topic, thread_id, turn_limit, after, workspace=workspace if asked else None)
 

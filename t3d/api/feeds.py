@@ -22,6 +22,10 @@ Rules:
 - One base or snapshot reply at a time: a subscribe, a resync or a
   ``thread.snapshot`` waits for the connection's previous one to be sent
   before it reads, so a client that does not read holds at most one.
+- Workspace statuses (t3d/live/hub.py) go out as ``workspace.updated``
+  notifications once the subscription is live, the latest value per workspace;
+  on a shell subscription only when no event frame is left to send before them
+  (a shell row waiting there carries an older value).
 - ``thread.snapshot`` is answered in chunks too (`reply_snapshot`): one
   ``snapshot.chunk`` notification per chunk, tied to the request by its id,
   then the response with the totals (README, "Snapshots over JSON-RPC").
@@ -93,17 +97,25 @@ class Feeds:
         thread_id: str | None,
         turn_limit: int,
         after: int | None,
+        *,
+        workspace: bool | None = None,
     ) -> None:
-        """Answer a subscribe request: reply ``{sub, sequence, base}``, send the base, go live.
+        """Answer a subscribe request: reply ``{sub, sequence, base}`` (and ``workspace`` when
+        asked: whether workspace.updated notifications follow), send the base, go live.
         Raises RpcError (nothing subscribed) for a thread that does not exist."""
         if self._closed:
             raise rpc.RpcError(rpc.UNAVAILABLE, "the connection is closing")
         if len(self.subs) >= MAX_SUBSCRIPTIONS:
             raise rpc.RpcError(rpc.INVALID_REQUEST, f"a connection may hold at most {MAX_SUBSCRIPTIONS} subscriptions; unsubscribe first")
         self._next_sub += 1
-        sub = Subscription(f"s{self._next_sub}", topic, thread_id, lambda: None, turn_limit=turn_limit, budget=self.budget)
+        watching = bool(workspace) and self._hub.workspaces is not None
+        sub = Subscription(
+            f"s{self._next_sub}", topic, thread_id, lambda: None, turn_limit=turn_limit, budget=self.budget, watch_workspace=watching
+        )
         sub.wake = lambda: self._woken(sub)
-        self._hub.subscribe(sub)  # join first, then read: nothing falls in between
+        # Join first, then read: nothing falls in between. A shell resume's replay carries only
+        # the rows that moved, so it is handed every workspace's current status as well.
+        self._hub.subscribe(sub, every_workspace=topic == "shell" and after is not None)
         self.subs[sub.sub_id] = sub
         self.budget.members.add(sub)
         async with holding(self._one_base):
@@ -118,7 +130,10 @@ class Feeds:
                 self._forget(sub)
                 raise
             kind = "snapshot" if isinstance(base, Snapshot) else "replay"
-            await self._send(rpc.result_frame(request_id, {"sub": sub.sub_id, "sequence": base.sequence, "base": kind}))
+            reply: dict[str, object] = {"sub": sub.sub_id, "sequence": base.sequence, "base": kind}
+            if workspace is not None:
+                reply["workspace"] = watching
+            await self._send(rpc.result_frame(request_id, reply))
             await self._send_base(sub, base)
 
     async def reply_snapshot(self, request_id: rpc.RequestId, thread_id: str, turn_limit: int, before: int | None) -> None:
@@ -165,6 +180,7 @@ class Feeds:
         # frames a slow client left behind (up to its budget) wait for a full collection
         # of the garbage collector, minutes apart in a serving process (gc_tuning.py).
         sub.take()
+        sub.workspace.clear()
         sub.wake = _nothing
 
     def close(self) -> None:
@@ -259,4 +275,22 @@ class Feeds:
                 finally:
                     self.budget.release(len(frame[1]))
                 sent = True
+            if sub.workspace and (sub.topic == "thread" or not sub.frames):
+                sent = await self._send_workspaces(sub) or sent
+        return sent
+
+    async def _send_workspaces(self, sub: Subscription) -> bool:
+        """Send up to `SEND_BATCH` of the subscription's waiting workspace values."""
+        sent = False
+        for _ in range(SEND_BATCH):
+            if not sub.workspace or not sub.live or sub.needs_resync or sub.sub_id not in self.subs:
+                break
+            path = next(iter(sub.workspace))
+            value = sub.workspace.pop(path)
+            self.budget.hold(len(value))
+            try:
+                await self._send(rpc.notification_frame(sub.sub_id, "workspace.updated", sub.delivered_seq, value))
+            finally:
+                self.budget.release(len(value))
+            sent = True
         return sent

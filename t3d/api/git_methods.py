@@ -17,12 +17,13 @@ from typing import Any
 
 import trio
 
-from t3d.api.jsonrpc import DOMAIN_CODES, INVALID_PARAMS, NOT_FOUND, Params, RpcError
+from t3d.api.jsonrpc import DOMAIN_CODES, INVALID_PARAMS, NOT_FOUND, UNAVAILABLE, Params, RpcError
 from t3d.domain import commands as c
 from t3d.errors import GitError
 from t3d.git import checkpoints as plan
 from t3d.git import repo
 from t3d.git.service import Checkpoints, not_a_repo_reason
+from t3d.git.workspaces import WorkspaceStatuses
 from t3d.git.worktrees import Workspace, create_worktree, remove_worktree
 from t3d.store.store import Store
 
@@ -50,14 +51,18 @@ def parse_workspace(raw: Any) -> tuple[str, str | None, str | None]:
 
 
 class GitMethods:
-    def __init__(self, store: Store, checkpoints: Checkpoints, state_dir: Path) -> None:
+    def __init__(
+        self, store: Store, checkpoints: Checkpoints, state_dir: Path, *, statuses: WorkspaceStatuses | None = None
+    ) -> None:
         self._store = store
         self._checkpoints = checkpoints
         self._state_dir = state_dir
+        self._statuses = statuses
         self.table = {
             "checkpoint.diff": self.checkpoint_diff,
             "checkpoint.revert": self.checkpoint_revert,
             "thread.move": self.thread_move,
+            "workspace.status": self.workspace_status,
         }
         self.commit: Commit | None = None  # set by Methods: its receipt-keeping commit
 
@@ -198,3 +203,16 @@ class GitMethods:
         except RpcError:
             await self.drop_workspace(workspace)
             raise
+
+    async def workspace_status(self, p: Params) -> Any:
+        """The thread's workspace status now (git asked only if a file it depends on changed,
+        or with ``refresh``); its directory is then watched for a minute."""
+        thread_id = p.str("thread_id", max_len=200)
+        refresh = p.opt_bool("refresh", default=False)
+        p.check()
+        if self._statuses is None:
+            raise RpcError(UNAVAILABLE, "workspace status is off on this daemon (--workspace-status off); start it with --workspace-status on")
+        value = await self._statuses.status_of(thread_id, refresh=refresh)
+        if value is None:
+            raise RpcError(NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
+        return {"thread_id": thread_id, "workspace": value}

@@ -60,6 +60,7 @@ from t3d.domain.model import (
     TurnStatus,
 )
 from t3d.git.checkpoints import DIFF_PAGE
+from t3d.git.forge import CLI, ErrorKind
 from t3d.pressure.core import LEVELS
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
 
@@ -81,11 +82,47 @@ MUTATION = {"sequence": req(nullable(SEQUENCE), "the global sequence after the c
 EVENT_KINDS: tuple[str, ...] = (*get_args(EventKind), "shell.updated", "shell.removed")
 
 
+COUNT = nullable(integer(0))
+PULL_REQUEST = obj(
+    {
+        "forge": req(enum(tuple(CLI))),
+        "state": req(enum(("unknown", "open", "closed", "merged", "none")), "none: the branch has no pull request; unknown: not asked yet"),
+        "number": opt(integer(0)), "url": opt(string()),
+        "checks": opt(nullable(obj({
+            "state": req(enum(("none", "pending", "passing", "failing"))),
+            "total": req(integer(0)), "passed": req(integer(0)), "failed": req(integer(0)), "pending": req(integer(0)),
+        }))),
+        "error": opt(obj({"kind": req(enum(get_args(ErrorKind))), "message": req(string())}), "the last probe failed (the last answer is kept)"),
+    },
+    title="PullRequest",
+)  # fmt: skip
+WORKSPACE_STATUS = obj(
+    {
+        "path": req(string(), "the thread's directory: its worktree_path, or its project's path"),
+        "state": req(enum(("unknown", "ok", "error", "not_a_repository")), "unknown: not looked at yet"),
+        "repository": opt(string(), "top directory of the checkout"),
+        "branch": opt(nullable(string()), "null: detached HEAD"), "detached": opt(boolean()),
+        "head": opt(nullable(string()), "HEAD's commit (null on an unborn branch)"),
+        "upstream": opt(nullable(string()), 'the tracked branch, e.g. "origin/main"'),
+        "ahead": opt(COUNT), "behind": opt(COUNT), "staged": opt(COUNT), "unstaged": opt(COUNT),
+        "untracked": opt(COUNT, "entries as git status lists them (an untracked directory counts once)"),
+        "conflicted": opt(COUNT),
+        "last_commit": opt(nullable(obj({"oid": req(string()), "subject": req(string(200))}))),
+        "in_process": opt(boolean(), "refs are read by t3d itself (false: an unusual repository, read by git)"),
+        "truncated": opt(const(True), "git's output passed 8 MiB: the counts are lower bounds"),
+        "error": opt(string(), "why the last refresh failed (the last counts are kept)"),
+        "pr": opt(ref("PullRequest"), "only for a branch whose upstream is on GitHub, GitLab or Gitea"),
+    },
+    title="WorkspaceStatus",
+)  # fmt: skip
+
+
 def entity_definitions() -> dict[str, Schema]:
     counts = {
         "turn_count": req(integer(0)),
         "item_count": req(integer(0)),
         "last_activity_at": req(nullable(number()), "the latest time of its newest turn (asked, started or ended); null before its first turn"),
+        "workspace": opt(ref("WorkspaceStatus"), "absent when workspace status is off"),
     }
     return {
         "Project": entity_schema(Project),
@@ -120,7 +157,9 @@ SUBSCRIBED = {
     "sub": req(string(50)),
     "sequence": req(SEQUENCE),
     "base": req(enum(("snapshot", "replay")), "what follows the reply: snapshot.chunk... snapshot.end, or replayed events then synced"),
+    "workspace": opt(boolean(), "when asked: whether workspace.updated notifications follow (false: workspace status is off)"),
 }
+WATCH_WORKSPACE = opt(boolean(), "also get workspace.updated notifications (and keep the workspaces watched meanwhile)")
 
 
 DB_AGES = ("<1h", "1h-1d", "1d-7d", "7d-30d", ">30d")
@@ -355,12 +394,13 @@ METHODS: dict[str, Method] = {
             "thread_id": THREAD_ID,
             "turn_limit": opt(integer(1, MAX_TURN_LIMIT), f"default {DEFAULT_TURN_LIMIT}"),
             "after_sequence": opt(integer(0, 1 << 62), "the last seq processed: replay the gap if it is small"),
+            "workspace": WATCH_WORKSPACE,
         },
         obj(SUBSCRIBED),
     ),
     "subscribe.shell": Method(
         "Follow every project and every thread's row. WebSocket only.",
-        {"after_sequence": opt(integer(0, 1 << 62))},
+        {"after_sequence": opt(integer(0, 1 << 62)), "workspace": WATCH_WORKSPACE},
         obj(SUBSCRIBED),
     ),
     "subscribe.server": Method(
@@ -416,6 +456,12 @@ METHODS: dict[str, Method] = {
     "db.job": Method("A database job: how far it got, then its result or error.", {"job_id": req(string(50))}, DB_JOB),
     "db.cancel": Method(
         "Stop a database job between two steps (a VACUUM once started cannot be stopped).", {"job_id": req(string(50))}, DB_JOB
+    ),
+    "workspace.status": Method(
+        "A thread's workspace status now: git runs only if a file it depends on changed (or with refresh); "
+        "its directory is then watched for a minute.",
+        {"thread_id": THREAD_ID, "refresh": opt(boolean(), "run git status whatever the stamps say")},
+        obj({"thread_id": req(ID), "workspace": req(ref("WorkspaceStatus"))}),
     ),
 }
 
@@ -486,6 +532,12 @@ def notification_definitions() -> dict[str, Schema]:
         "SyncedNotification": _sub("synced", obj({"sequence": req(SEQUENCE), "replayed": req(integer(0))}), "the replayed gap is closed"),
         "ResyncNotification": _sub("resync", obj({"reason": req(string())}), "the subscriber fell behind; a fresh snapshot follows"),
         "MemoryPressureNotification": _sub("memory_pressure", ref("MemoryPressure"), "the memory-pressure level, at once and on each change"),
+        "WorkspaceUpdatedNotification": _sub(
+            "workspace.updated", ref("WorkspaceStatus"),
+            "a workspace's status changed (not an event: seq is the last event sequence delivered, and it is never "
+            "replayed). On a shell subscription: every thread whose workspace.path is this path; on a thread "
+            "subscription: its thread's, also once right after the base",
+        ),
         "ReplyChunkNotification": obj(
             {
                 "jsonrpc": req(const("2.0")), "method": req(const("snapshot.chunk")),
@@ -536,7 +588,10 @@ def _envelopes() -> dict[str, Schema]:
 
 
 def definitions() -> dict[str, Schema]:
-    found: dict[str, Schema] = {**entity_definitions(), "ThreadSnapshot": SNAPSHOT, "Streamed": STREAMED}
+    found: dict[str, Schema] = {
+        **entity_definitions(), "ThreadSnapshot": SNAPSHOT, "Streamed": STREAMED,
+        "WorkspaceStatus": WORKSPACE_STATUS, "PullRequest": PULL_REQUEST,
+    }  # fmt: skip
     for method, spec in METHODS.items():
         found[f"{type_name(method)}Params"] = params_schema(method)
         found[f"{type_name(method)}Result"] = {"title": f"{type_name(method)}Result", **spec.result}

@@ -75,6 +75,9 @@ class Checkpoints:
         self._limiter = trio.CapacityLimiter(workers)
         self._clock = clock
         self._locks: dict[str, trio.Lock] = {}
+        # Told each tree a capture finds (None: a revert just changed the files), keyed by the
+        # worktree's real path: the workspace status counts files changed only when it moves.
+        self.on_tree: Callable[[str, str | None], None] | None = None
         self.pending = 0
         self.captured = 0
         self.failed = 0
@@ -117,7 +120,10 @@ class Checkpoints:
         await trio.to_thread.run_sync(seed)
         await self.git.run(plan.ADD_ALL, cwd=info.worktree, index_file=index)
         result = await self.git.run(plan.WRITE_TREE, cwd=info.worktree, index_file=index)
-        return result.stdout.decode().strip()
+        tree = result.stdout.decode().strip()
+        if self.on_tree is not None:
+            self.on_tree(info.worktree, tree)
+        return tree
 
     async def _worktree_of(self, refs: Refs, oid: str) -> str | None:
         return plan.worktree_of((await refs.read_commit(oid)).message)
@@ -327,6 +333,8 @@ class Checkpoints:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(scratch)
             await trio.to_thread.run_sync(_delete_files, info.worktree, delete)
+            if self.on_tree is not None:
+                self.on_tree(info.worktree, None)
             await refs.set_ref(plan.base_ref(thread_id, next_ordinal), target)
         return {"restored": len(restore), "deleted": len(delete), "commit": target}
 

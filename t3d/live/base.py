@@ -13,12 +13,14 @@ frames at or below it are dropped as duplicates.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import attrs
 import orjson
 
 from t3d.live.chunks import Parts, chunk_objects
 from t3d.live.hub import Frame
-from t3d.live.wire import event_frame, shell_row_frame, summarize_payload
+from t3d.live.wire import event_frame, shell_row_frame, summarize_payload, with_workspace
 from t3d.store.commit import shell_payload
 from t3d.store.queries import ShellRaw, SnapshotRaw
 from t3d.store.replay import ShellReplayRaw, ThreadReplayRaw
@@ -65,9 +67,18 @@ def thread_parts(raw: SnapshotRaw) -> Parts | None:
     return Parts(head, THREAD_LISTS, tuple(elements))
 
 
-def shell_parts(raw: ShellRaw) -> Parts:
+NO_WORKSPACES: Mapping[str, bytes] = {}
+
+
+def shell_parts(raw: ShellRaw, workspaces: Mapping[str, bytes] = NO_WORKSPACES) -> Parts:
+    """The shell as parts; each thread's row carries its ``workspace`` from ``workspaces``
+    (thread id -> encoded status, taken on the loop before the read)."""
     elements = [(0, p) for p in raw.projects]
-    elements += [(1, shell_payload(*row)) for row in raw.threads]
+    if workspaces:
+        rows = zip(raw.thread_ids, raw.threads, strict=True)
+        elements += [(1, with_workspace(shell_payload(*row), workspaces.get(tid))) for tid, row in rows]
+    else:
+        elements += [(1, shell_payload(*row)) for row in raw.threads]
     return Parts((("sequence", b"%d" % raw.sequence),), SHELL_LISTS, tuple(elements))
 
 
@@ -80,8 +91,8 @@ def decode_thread_snapshot(raw: SnapshotRaw) -> Snapshot | None:
     return None if parts is None else snapshot_of(parts, raw.sequence)
 
 
-def decode_shell_snapshot(raw: ShellRaw) -> Snapshot:
-    return snapshot_of(shell_parts(raw), raw.sequence)
+def decode_shell_snapshot(raw: ShellRaw, workspaces: Mapping[str, bytes] = NO_WORKSPACES) -> Snapshot:
+    return snapshot_of(shell_parts(raw, workspaces), raw.sequence)
 
 
 def decode_thread_resume(raw: ThreadReplayRaw | SnapshotRaw) -> Base | None:
@@ -90,11 +101,12 @@ def decode_thread_resume(raw: ThreadReplayRaw | SnapshotRaw) -> Base | None:
     return Replay(raw.sequence, tuple((seq, event_frame(kind, seq, payload)) for seq, kind, payload in raw.events))
 
 
-def decode_shell_resume(raw: ShellReplayRaw | ShellRaw) -> Base:
+def decode_shell_resume(raw: ShellReplayRaw | ShellRaw, workspaces: Mapping[str, bytes] = NO_WORKSPACES) -> Base:
     if isinstance(raw, ShellRaw):
-        return decode_shell_snapshot(raw)
+        return decode_shell_snapshot(raw, workspaces)
     frames = [(seq, event_frame("project.updated", seq, payload)) for seq, payload in raw.projects]
     for thread_id, seq, row in raw.threads:
-        frames.append((seq, shell_row_frame(thread_id, seq, None if row is None else shell_payload(*row))))
+        payload = None if row is None else with_workspace(shell_payload(*row), workspaces.get(thread_id))
+        frames.append((seq, shell_row_frame(thread_id, seq, payload)))
     frames.sort(key=lambda frame: frame[0])
     return Replay(raw.sequence, tuple(frames))

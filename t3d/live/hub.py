@@ -20,26 +20,53 @@ Rules:
 - A subscription buffers from the moment it joins, before its base (snapshot
   or replay) is read; once the base is sent it goes live at the base's
   sequence, and frames at or below it (already in the base) are skipped.
+- Workspace statuses (`WorkspaceView`, kept in memory by t3d/git/workspaces.py) are
+  not events: shell rows carry their thread's (spliced in as they go out), and
+  `publish_workspace` posts a changed one to the shell subscriptions and to the
+  thread subscriptions of the threads working there that asked for them
+  (``watch_workspace``: each such subscription is a lease on the workspaces it
+  covers, `watchers`). A subscription keeps only
+  the latest value per workspace (`Subscription.workspace`): a slow client
+  never builds a backlog of them, and the bound is one per workspace.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Literal, Protocol
 
 import attrs
 import orjson
 
 from t3d.domain.codec import to_json
 from t3d.live.budget import Budget
-from t3d.live.wire import event_frame, shell_row_frame
+from t3d.live.wire import event_frame, shell_row_frame, with_workspace
 from t3d.store.commit import Committed, StoredEvent
 
 MAX_ITEMS = 1000
 MAX_BYTES = 8 * 1024 * 1024
 
 Frame = tuple[int, bytes]  # (sequence, encoded wire event)
+
+
+class WorkspaceView(Protocol):
+    """The in-memory workspace statuses, as encoded values (t3d/git/workspaces.py)."""
+
+    def row(self, thread_id: str) -> bytes | None:
+        """The value a thread's shell row carries as ``workspace``."""
+
+    def rows(self) -> Mapping[str, bytes]:
+        """Thread id -> that value, for every thread (a copy: read off the loop)."""
+
+    def of_thread(self, thread_id: str) -> tuple[str, bytes] | None:
+        """The thread's workspace path and value."""
+
+    def every(self) -> Mapping[str, bytes]:
+        """Workspace path -> value."""
+
+    def watchers_changed(self) -> None:
+        """A subscription came or went (the set of watched workspaces may have changed)."""
 
 
 @attrs.define(eq=False)
@@ -64,6 +91,13 @@ class Subscription:
     max_bytes: int = MAX_BYTES
     # The connection's budget, shared with its other subscriptions (None: only the bounds above).
     budget: Budget | None = None
+    # The subscriber asked for workspace.updated notifications (and so watches its workspaces).
+    watch_workspace: bool = False
+    # Workspace values waiting to be sent: path -> the latest encoded value (one per path).
+    workspace: dict[str, bytes] = attrs.Factory(dict)
+    # The sequence of the last frame delivered (or the base's): the seq a workspace.updated
+    # notification carries, so that resuming from it loses no event.
+    delivered_seq: int = 0
 
     def push(self, frame: Frame) -> None:
         if self.needs_resync:
@@ -93,8 +127,15 @@ class Subscription:
             frame = self.frames.popleft()
             self._shrunk(len(frame[1]))
             if frame[0] > self.base_seq:
+                self.delivered_seq = frame[0]
                 return frame
         return None
+
+    def post_workspace(self, path: str, value: bytes) -> None:
+        """The workspace at ``path`` now has ``value`` (it replaces any unsent one)."""
+        if self.workspace.get(path) is not value:
+            self.workspace[path] = value
+            self.wake()
 
     def take(self) -> list[Frame]:
         """Every buffered frame, delivered or not (tests and diagnostics)."""
@@ -118,6 +159,7 @@ class Subscription:
     def went_live(self, base_seq: int) -> None:
         """The client holds a base up to ``base_seq``; deliver newer frames from now on."""
         self.base_seq = base_seq
+        self.delivered_seq = max(self.delivered_seq, base_seq)
         self.live = True
         self.wake()
 
@@ -139,13 +181,24 @@ class Hub:
         self._shell: set[Subscription] = set()
         self._published = 0
         self._resyncs_of_closed = 0
+        # The workspace statuses shell rows carry (None: workspace status is off).
+        self.workspaces: WorkspaceView | None = None
 
-    def subscribe(self, sub: Subscription) -> None:
+    def subscribe(self, sub: Subscription, *, every_workspace: bool = False) -> None:
+        """Join. A thread subscription is handed its thread's workspace value at once (sent
+        after its base); a shell one every workspace's with ``every_workspace`` (a resume,
+        whose replay carries only the rows that moved)."""
         if sub.topic == "shell":
             self._shell.add(sub)
         else:
             assert sub.thread_id is not None
             self._threads.setdefault(sub.thread_id, set()).add(sub)
+        if self.workspaces is not None and sub.watch_workspace:
+            if sub.thread_id is not None and (found := self.workspaces.of_thread(sub.thread_id)) is not None:
+                sub.workspace[found[0]] = found[1]
+            elif sub.topic == "shell" and every_workspace:
+                sub.workspace.update(self.workspaces.every())
+            self.workspaces.watchers_changed()
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forget ``sub`` and drop its buffer (idempotent)."""
@@ -160,6 +213,25 @@ class Hub:
             return
         self._resyncs_of_closed += sub.resyncs
         sub.take()
+        sub.workspace.clear()
+        if self.workspaces is not None and sub.watch_workspace:
+            self.workspaces.watchers_changed()
+
+    def watchers(self) -> tuple[bool, frozenset[str]]:
+        """Whether a shell subscription watches workspaces, and the threads whose thread
+        subscriptions do."""
+        shell = any(sub.watch_workspace for sub in self._shell)
+        return shell, frozenset(t for t, subs in self._threads.items() if any(s.watch_workspace for s in subs))
+
+    def publish_workspace(self, path: str, thread_ids: Iterable[str], value: bytes) -> None:
+        """The workspace at ``path`` (of ``thread_ids``) changed to ``value``."""
+        for sub in self._shell:
+            if sub.watch_workspace:
+                sub.post_workspace(path, value)
+        for thread_id in thread_ids:
+            for sub in self._threads.get(thread_id, ()):
+                if sub.watch_workspace:
+                    sub.post_workspace(path, value)
 
     def publish(self, committed: Committed) -> None:
         shell: list[tuple[int, Callable[[], bytes]]] = []
@@ -171,8 +243,12 @@ class Hub:
                 self._fan_out(subs, event.sequence, _event_encoder(event))
         if not self._shell:
             return
+        workspaces = self.workspaces
         for row in committed.shell:
-            shell.append((row.sequence, _row_encoder(row.thread_id, row.sequence, row.payload)))
+            payload = row.payload
+            if payload is not None and workspaces is not None:
+                payload = with_workspace(payload, workspaces.row(row.thread_id))
+            shell.append((row.sequence, _row_encoder(row.thread_id, row.sequence, payload)))
         shell.sort(key=lambda pair: pair[0])
         for sequence, encode in shell:
             self._fan_out(self._shell, sequence, encode)

@@ -17,7 +17,7 @@ resume replays and `detail` (the full value of a huge field) are history.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import orjson
@@ -42,10 +42,19 @@ R = TypeVar("R")
 SnapshotKey = tuple[str | None, int]
 
 
+def _no_workspaces() -> Mapping[str, bytes]:
+    return b.NO_WORKSPACES
+
+
 class BaseReader:
-    def __init__(self, store: Store, *, share: bool = True) -> None:
+    def __init__(
+        self, store: Store, *, share: bool = True, workspaces: Callable[[], Mapping[str, bytes]] = _no_workspaces
+    ) -> None:
         self._store = store
         self._share = share
+        # Thread id -> its workspace status (encoded), copied on the loop before each shell
+        # read: the rows read carry the values of that moment (t3d/live/hub.py).
+        self._workspaces = workspaces
         self._snapshots: SharedReads[SnapshotKey, b.Snapshot | None] = SharedReads(self._read_snapshot, share=share)
         # Polls of the shell (GET /api/shell): one read at a time; the polls that arrive
         # while it runs gather in the next wave and share its read, so many pollers of a
@@ -62,7 +71,8 @@ class BaseReader:
     async def _read_snapshot(self, key: SnapshotKey) -> b.Snapshot | None:
         thread_id, turn_limit = key
         if thread_id is None:
-            return await self._store.read(q.shell_query, b.decode_shell_snapshot, ReadClass.SMALL)
+            workspaces = self._workspaces()
+            return await self._store.read(q.shell_query, lambda raw: b.decode_shell_snapshot(raw, workspaces), ReadClass.SMALL)
         query = q.snapshot_query(thread_id, turn_limit, None)
         return await self._store.read(query, b.decode_thread_snapshot, q.snapshot_read_class(turn_limit, None))
 
@@ -79,7 +89,8 @@ class BaseReader:
             assert snapshot is not None
             return snapshot
         query = shell_resume_query(after, REPLAY_MAX_EVENTS, REPLAY_MAX_BYTES, SHELL_SCAN_MAX)
-        return await self._store.read(query, b.decode_shell_resume, ReadClass.HISTORY)
+        workspaces = self._workspaces()
+        return await self._store.read(query, lambda raw: b.decode_shell_resume(raw, workspaces), ReadClass.HISTORY)
 
     # --- whole snapshots, for request/response (RPC, HTTP) ------------------------------
 
@@ -124,7 +135,8 @@ class BaseReader:
         return pieces
 
     async def _read_shell_pieces(self, _key: None) -> list[bytes] | None:
-        return await self._store.read(q.shell_query, _pieces(b.shell_parts), ReadClass.SMALL)
+        workspaces = self._workspaces()
+        return await self._store.read(q.shell_query, _pieces(lambda raw: b.shell_parts(raw, workspaces)), ReadClass.SMALL)
 
     async def detail(self, table: str, entity_id: str, path: Path) -> orjson.Fragment | None:
         """The full value at ``path`` in a stored item or request (``table``: items, requests),

@@ -38,6 +38,7 @@ __all__ = [
     "summarize_payload",
     "value_at",
     "wire_event",
+    "with_workspace",
 ]
 
 
@@ -56,3 +57,10 @@ def shell_row_frame(thread_id: str, sequence: int, payload: bytes | None) -> byt
     if payload is None:
         return wire_event("shell.removed", sequence, orjson.dumps({"id": thread_id}))
     return wire_event("shell.updated", sequence, payload)
+
+
+def with_workspace(row: bytes, workspace: bytes | None) -> bytes:
+    """A shell row (an encoded object) with ``"workspace": <workspace>`` spliced in last."""
+    if workspace is None:
+        return row
+    return row[:-1] + b',"workspace":' + workspace + b"}"

@@ -147,14 +147,19 @@ class ShellRaw:
     sequence: int
     projects: list[bytes]
     threads: list[ShellColumns]
+    thread_ids: list[str] = attrs.Factory(list)  # in the order of ``threads``
+
+
+_SHELL_WITH_IDS = SHELL_SQL.replace("SELECT ", "SELECT t.id, ", 1)
 
 
 def shell_query(conn: apsw.Connection) -> ShellRaw:
-    return ShellRaw(
-        current_sequence(conn),
-        _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ()),
-        [(b, t, i, a) for b, t, i, a in conn.execute(SHELL_SQL + " ORDER BY t.rowid")],
-    )
+    threads: list[ShellColumns] = []
+    ids: list[str] = []
+    for thread_id, body, turns, items, activity in conn.execute(_SHELL_WITH_IDS + " ORDER BY t.rowid"):
+        ids.append(thread_id)
+        threads.append((body, turns, items, activity))
+    return ShellRaw(current_sequence(conn), _bodies(conn, "SELECT body FROM projects ORDER BY rowid", ()), threads, ids)
 
 
 def decode_shell(raw: ShellRaw) -> dict[str, Any]:
