@@ -5,6 +5,8 @@
     python -m bench run --profile primary --sessions 250 --provider codex   # or mix
     python -m bench report DIR [DIR ...] --out DIR   # one report over earlier summaries
     python -m bench prune --db PATH                  # retention on a database: sizes and time
+    python -m bench git-large --files 100000         # status and checkpoints on a large repo
+    python -m bench workspace-idle --threads 250     # git processes of watched idle threads
 
 ``--sessions`` takes a comma-separated list (a sweep: one daemon per run, every session
 count its own row and chart point). ``--compare 'ENV=VALUE ...'`` runs configuration A
@@ -384,11 +386,29 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--db", required=True, help="the database to start from (copied; never changed)")
     pr.add_argument("--no-full-vacuum", action="store_true", help="skip the VACUUM after the prune")
     pr.add_argument("--out", help="output directory (default: bench-out/prune-TIME)")
+    large = sub.add_parser("git-large", help="workspace status and checkpoints on a generated large repository (bench/git_large.py)")
+    large.add_argument("--files", type=int, default=100_000, help="files in the repository (default 100000)")
+    large.add_argument("--runs", type=int, default=7, help="rounds per untracked-cache setting (default 7)")
+    large.add_argument("--dir", help="where the repository is generated once and kept (default /tmp/t3d-bench-git-large/FILES)")
+    large.add_argument("--out", help="also write the samples as JSON to this file")
+    idle = sub.add_parser("workspace-idle", help="git processes per minute for watched idle threads (bench/workspace_idle.py)")
+    idle.add_argument("--threads", type=int, default=250, help="threads, each in a repository of its own (default 250)")
+    idle.add_argument("--seconds", type=float, default=60.0, help="the idle window (default 60)")
     args = parser.parse_args(argv)
     if args.command == "prune":
         from bench import prune
 
         return prune.command(args)
+    if args.command == "git-large":
+        from bench import git_large
+
+        if args.files < 1 or args.runs < 1:
+            parser.error("--files and --runs must be at least 1")
+        return git_large.command(args)
+    if args.command == "workspace-idle":
+        from bench import workspace_idle
+
+        return workspace_idle.command(args)
     if args.command == "gen-db":
         from bench import gen_db
 

@@ -357,7 +357,8 @@ async def _subscribe(
 ) -> str:
     started = time.monotonic()
     stats.pending_since = started  # one subscribe at a time on this connection
-    result = await rpc.call("subscribe.thread", thread_id=thread_id)
+    # A UI shows the thread's workspace status too: its subscription watches it.
+    result = await rpc.call("subscribe.thread", thread_id=thread_id, workspace=True)
     if window.holds(started):
         stats.subscribe_ms.append((time.monotonic() - started) * 1000)
     return str(result["sub"])

@@ -93,7 +93,7 @@ async def test_every_served_method_has_an_entry_whose_params_are_what_it_takes(
 
 async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: trio.Nursery) -> None:
     """Results of real calls on a git project (create, turn, snapshot both ways, checkpoint
-    diff and revert, move, force stop, delete...) validate against their result schemas,
+    diff and revert, workspace status, move, force stop, delete...) validate against their result schemas,
     their params against the params schemas, and every notification received against
     ServerNotification."""
     repo = make_repo(tmp_path / "repo")
@@ -118,7 +118,7 @@ async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: 
             await call("thread.create", project_id=plain_project, provider="replay")  # no checkpoints
             thread = (await call("thread.create", project_id=project, provider="replay", runtime_mode="full-access"))["thread_id"]
             await call("subscribe.thread", thread_id=thread)
-            await call("subscribe.shell")
+            await call("subscribe.shell", workspace=True)
             server = (await call("subscribe.server", memory_pressure=True))["sub"]
             outcome = await run_turn(client, thread, "Please READ notes.txt")
             assert outcome.turn["status"] == "completed"
@@ -131,6 +131,7 @@ async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: 
             await call("requests.wait", thread_id=thread, timeout=0)
             agents = await call("server.agents")  # its idle agent, sized from /proc
             assert [(a["thread_id"], a["status"]) for a in agents["agents"]] == [(thread, "idle")]
+            await call("workspace.status", thread_id=thread, refresh=True)
             await call("checkpoint.diff", thread_id=thread, from_ordinal=0, to_ordinal=1)
             await call("checkpoint.revert", thread_id=thread, ordinal=0)
             await call("thread.force_stop", thread_id=thread)  # its idle agent
@@ -164,7 +165,7 @@ async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: 
         validate(f"{name}Result", result)
     assert {method for method, _, _ in calls} >= set(schema.METHODS) - {"request.respond"}
     validate("JSONRPCError", over_http)
-    assert {n["kind"] for n in notifications} >= {"snapshot.chunk", "snapshot.end", "event", "memory_pressure"}
+    assert {n["kind"] for n in notifications} >= {"snapshot.chunk", "snapshot.end", "event", "memory_pressure", "workspace.updated"}
     for note in notifications:
         validate("ServerNotification", {"jsonrpc": "2.0", "method": "sub", "params": note})
 
