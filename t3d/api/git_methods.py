@@ -58,6 +58,7 @@ class GitMethods:
         self._checkpoints = checkpoints
         self._state_dir = state_dir
         self._statuses = statuses
+        self.has_status = statuses is not None  # server.hello lists workspace_status
         self.table = {
             "checkpoint.diff": self.checkpoint_diff,
             "checkpoint.revert": self.checkpoint_revert,

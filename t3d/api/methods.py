@@ -172,7 +172,7 @@ class Methods:
             "version": t3d.__version__,
             "protocol": 1,
             "methods": sorted([*self.table, "subscribe.thread", "subscribe.shell", "subscribe.server", "unsubscribe"]),
-            "capabilities": ["memory_pressure"],
+            "capabilities": ["memory_pressure", *(["workspace_status"] if self._git is not None and self._git.has_status else [])],
             "providers": list(RUNNABLE_PROVIDERS),  # only what this build runs
         }
 

@@ -20,8 +20,9 @@ Rules:
 - A refresh that fails keeps the last counts, shows the error, and is retried after
   ``interval`` doubling to `RETRY_MAX_S`, never in a tight loop.
 - Pull requests (`t3d.git.prs`) are asked about only for watched directories.
-- Bounded: one `_Dir` per directory some thread names; one cached commit subject per
-  commit, at most `MAX_COMMITS` (the least recently used dropped).
+- Bounded: one `_Dir` per directory some thread names, one last tree per repository
+  one of them is in; one cached commit subject per commit, at most `MAX_COMMITS` (the
+  least recently used dropped).
 """
 
 from __future__ import annotations
@@ -206,14 +207,14 @@ class WorkspaceStatuses:
         a revert). A new tree means the status counts may have moved."""
         if tree is not None and self._trees.get(repository) == tree:
             return
-        if tree is None:
+        mine = [d for d in self._dirs.values() if d.repository == repository]
+        if tree is None or not mine:  # kept only for repositories a workspace is in (the bound)
             self._trees.pop(repository, None)
         else:
             self._trees[repository] = tree
-        for d in self._dirs.values():
-            if d.repository == repository:
-                d.files_changed = True
-                self._wake.set()
+        for d in mine:
+            d.files_changed = True
+            self._wake.set()
 
     # --- the driver -------------------------------------------------------------------------
 
