@@ -14,7 +14,8 @@ For each untracked-cache setting of the repository ("off": the index has none, a
 - t3d's look when nothing changed (the steady case: stat calls on a worker thread, no
   process);
 - a checkpoint capture (``Checkpoints.capture``: ``git add -A`` and ``write-tree`` on
-  the checkpoint index, the commit and ref written in-process, ``git diff --numstat``).
+  the checkpoint index, the commit and ref written in-process, ``git diff --numstat``),
+  and a steady one right after it (nothing changed since: the turn that edited nothing).
 
 The order of the three timed commands alternates between rounds. Reported: the p50 of
 each, and the refresh and the capture as multiples of ``git status``'s p50 (the goal is
@@ -112,7 +113,7 @@ def _plain_status(repo: Path) -> float:
 
 
 async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
-    samples: dict[str, list[float]] = {"git_status": [], "refresh": [], "steady_look": [], "capture": []}
+    samples: dict[str, list[float]] = {"git_status": [], "refresh": [], "steady_look": [], "capture": [], "steady_capture": []}
     capture_git: list[int] = []
     settings = Settings(state_dir=state_dir)
 
@@ -159,7 +160,8 @@ async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
             steps = [("git_status", plain_status), ("refresh", refresh)]
             for name, step in steps if n % 2 == 0 else reversed(steps):
                 samples[name].append(await step())
-            samples["capture"].append(await capture(n + 1))
+            samples["capture"].append(await capture(2 * n + 1))
+            samples["steady_capture"].append(await capture(2 * n + 2))
             look = await trio.to_thread.run_sync(st.look, str(repo))
             started = time.perf_counter()
             assert await trio.to_thread.run_sync(st.unchanged, look)
@@ -170,6 +172,7 @@ async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
         "p50_s": p50,
         "refresh_vs_git_status": ratio(p50["refresh"], p50["git_status"]),
         "capture_vs_git_status": ratio(p50["capture"], p50["git_status"]),
+        "steady_capture_vs_git_status": ratio(p50["steady_capture"], p50["git_status"]),
         "git_processes_per_capture": capture_git,
         "samples_s": samples,
     }
@@ -197,7 +200,8 @@ def command(args: argparse.Namespace) -> int:
             f"  untracked cache {name:>3}: git status p50 {p50['git_status']:.3f} s | "
             f"t3d status refresh p50 {p50['refresh']:.3f} s ({result['refresh_vs_git_status']:.2f}x) | "
             f"checkpoint capture p50 {p50['capture']:.3f} s ({result['capture_vs_git_status']:.2f}x, "
-            f"{max(result['git_processes_per_capture'])} git processes) | "
+            f"{max(result['git_processes_per_capture'])} git processes), steady {p50['steady_capture']:.3f} s "
+            f"({result['steady_capture_vs_git_status']:.2f}x) | "
             f"steady look p50 {p50['steady_look'] * 1e6:.0f} us, no process"
         )
     _git(repo, "reset", "-q", "--hard")

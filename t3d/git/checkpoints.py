@@ -76,9 +76,7 @@ def git_env(index_file: str | None) -> dict[str, str]:
     return env
 
 
-# The checkpoint index is t3d's own file, so git may keep its untracked cache in it (a
-# large tree's directories are then not all read again on every capture).
-ADD_ALL = ("git", "-c", "core.untrackedCache=true", "add", "-A", "--", ".")
+ADD_ALL = ("git", "add", "-A", "--", ".")
 WRITE_TREE = ("git", "write-tree")
 
 
