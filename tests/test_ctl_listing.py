@@ -247,6 +247,8 @@ def test_the_daemons_hints_become_ctl_commands() -> None:
     assert ctl_hints("request 'r' does not exist; list them with requests.pending", {"threads"}).endswith("requests.pending")
     dirty = "pass force: true to delete them with the worktree, or remove_worktree: false to keep it"
     assert "--force" in ctl_hints(dirty) and "force: true" not in ctl_hints(dirty)
+    job = "a db.vacuum job (j1) is running; one runs at a time: follow it with db.job, or stop it with db.cancel"
+    assert ctl_hints(job).endswith("one runs at a time: wait for it to end (the `t3d ctl db` command that started it shows its progress; Ctrl-C there stops it), then run this again")
     assert ctl_hints("unknown method 'thread.unarchive'; server.hello lists the methods").startswith(
         "the daemon does not offer thread.unarchive; it is older"
     )

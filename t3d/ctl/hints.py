@@ -61,6 +61,12 @@ HINTS: tuple[tuple[re.Pattern[str], str | None, _Replacement], ...] = (
         "thread \\g<thread> has no checkpoint \\g<n>; see its turns with `t3d ctl log \\g<thread>`",
     ),
     (
+        re.compile(r"follow it with db\.job, or stop it with db\.cancel"),
+        "db",
+        "wait for it to end (the `t3d ctl db` command that started it shows its progress; "
+        "Ctrl-C there stops it), then run this again",
+    ),
+    (
         re.compile(r"unknown method '(?P<method>[^']+)'; server\.hello lists the methods"),
         None,
         "the daemon does not offer \\g<method>; it is older than this t3d ctl "
