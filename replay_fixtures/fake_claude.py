@@ -23,6 +23,12 @@ Rules:
   one, otherwise with a synthetic interrupted ``result``.
 * stdin is read by a background thread into a queue, so every wait has a deadline and
   control requests are answered during playback. A malformed stdin line is fatal (exit 1).
+* Output with no user message before it (a background task waking the agent after a
+  ``result``) plays like any other, at its recorded time after the last host input; the
+  fake is between turns from a ``result`` until the next turn's first line, so an
+  interrupt there is only answered, and an interrupt in such a turn ends that turn only.
+* An interrupt that cuts a message short makes its partial ``assistant`` line carry the
+  text the fake streamed, not the recorded one.
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ from replay_fixtures.fake_cli_args import (
     session_in_force,
 )
 from replay_fixtures.replay_script import (
+    EMIT,
     WAIT_INTERRUPT,
     WAIT_PERMISSION,
     WAIT_USER,
@@ -90,11 +97,16 @@ EOF = EndOfInput()
 InboxItem = JsonObject | Malformed | EndOfInput
 
 
-class Inbox:
-    """Host messages, read from stdin by a daemon thread, with timed waits."""
+ENV_HOST_LOG = "T3D_REPLAY_HOST_LOG"
 
-    def __init__(self) -> None:
+
+class Inbox:
+    """Host messages, read from stdin by a daemon thread, with timed waits; with ``log``
+    (``T3D_REPLAY_HOST_LOG``), every stdin line is also appended to that file."""
+
+    def __init__(self, log: str | None = None) -> None:
         self._queue: queue.Queue[InboxItem] = queue.Queue()
+        self._log = log
 
     def put(self, item: InboxItem) -> None:
         self._queue.put(item)
@@ -130,6 +142,9 @@ class Inbox:
         text = raw.decode("utf-8", "replace").rstrip("\r")
         if not text.strip():
             return True
+        if self._log:
+            with open(self._log, "a", encoding="utf-8") as handle:
+                handle.write(text + "\n")
         try:
             message = json.loads(text)
         except ValueError as error:
@@ -218,6 +233,11 @@ class Replayer:
         self._turn_started = 0.0
         self._played_to_end = False
         self._last_result: JsonObject = {}
+        # Text streamed per block of the current message, and whether an interrupt cut the
+        # message short (its partial assistant line then carries what was streamed).
+        self._streamed: dict[Any, str] = {}
+        self._last_block: Any = None
+        self._cut_short = False
 
     def run(self) -> int:
         """Replay until stdin EOF; return the exit code."""
@@ -280,14 +300,51 @@ class Replayer:
 
     def _play(self, step: Step) -> None:
         self._pump_until(self._due(step.at_ms))
-        self._out.emit(step.text, step.obj)
+        obj, text = step.obj, step.text
+        kind = obj.get("type")
+        if not self._in_turn and starts_turn(obj):  # a turn with no user message: a wake
+            self._in_turn = True
+            self._turn_started = time.monotonic()
+        self._track_stream(obj)
+        if kind == "assistant" and self._cut_short:
+            obj, text = self._streamed_text(obj, text)
+        self._out.emit(text, obj)
         if self._edits is not None:
-            self._edits.see(step.obj)
-        if step.obj.get("type") == "control_request":
+            self._edits.see(obj)
+        if kind == "control_request":
             self._prompts_outstanding += 1
-        elif step.obj.get("type") == "result":
-            self._last_result = step.obj
+        elif kind == "result":
+            self._last_result = obj
+            self._in_turn = False
+            self._cut_short = False
         self._pos += 1
+
+    def _track_stream(self, obj: JsonObject) -> None:
+        event = obj.get("event") if obj.get("type") == "stream_event" else None
+        if not isinstance(event, dict):
+            return
+        if event.get("type") == "message_start":
+            self._streamed, self._last_block, self._cut_short = {}, None, False
+        elif event.get("type") == "content_block_delta" and isinstance(event.get("delta"), dict):
+            delta = event["delta"]
+            piece = delta.get("text", delta.get("thinking"))
+            if isinstance(piece, str):
+                index = event.get("index")
+                self._streamed[index] = self._streamed.get(index, "") + piece
+                self._last_block = index
+
+    def _streamed_text(self, obj: JsonObject, text: str) -> tuple[JsonObject, str]:
+        """The partial assistant line of a message cut short: the text actually streamed."""
+        message = obj.get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or len(content) != 1 or not isinstance(content[0], dict):
+            return obj, text
+        block = content[0]
+        field = {"text": "text", "thinking": "thinking"}.get(str(block.get("type")))
+        if field is None or self._last_block not in self._streamed:
+            return obj, text
+        rewritten = {**obj, "message": {**message, "content": [{**block, field: self._streamed[self._last_block]}]}}
+        return rewritten, dump(rewritten)
 
     def _passed_host_point(self, step: Step) -> None:
         if step.at_ms is not None:
@@ -377,15 +434,15 @@ class Replayer:
         if not self._in_turn:
             self._reply_interrupt(request_id)
             return
-        turn_end = next(
-            (i for i in range(self._pos, len(self._steps)) if self._steps[i].kind == WAIT_USER),
-            len(self._steps),
-        )
+        turn_end = self._turn_end()
         recorded_point = next(
             (i for i in range(self._pos, turn_end) if self._steps[i].kind == WAIT_INTERRUPT), None
         )
         if recorded_point is not None:
             self._host_interrupt = request_id
+            self._cut_short = self._cut_short or any(
+                self._steps[i].kind == EMIT and is_delta(self._steps[i].obj) for i in range(self._pos, recorded_point)
+            )
             self._pos = recorded_point
         else:
             self._reply_interrupt(request_id)
@@ -393,6 +450,17 @@ class Replayer:
             self._pos = turn_end
             self._in_turn = False
         raise Reposition
+
+    def _turn_end(self) -> int:
+        """Where the turn being played ends: just past its ``result``, or at the next turn
+        boundary (what follows a result may be a turn of its own: a wake)."""
+        for i in range(self._pos, len(self._steps)):
+            step = self._steps[i]
+            if step.kind == WAIT_USER:
+                return i
+            if step.kind == EMIT and step.obj.get("type") == "result":
+                return i + 1
+        return len(self._steps)
 
     def _emit_interruption(self) -> None:
         """The notice and ``result`` the real CLI prints for an interrupted turn."""
@@ -420,6 +488,20 @@ class Replayer:
             if cumulative in self._last_result:
                 result[cumulative] = self._last_result[cumulative]
         self._out.emit_obj(result)
+
+
+def starts_turn(obj: JsonObject) -> bool:
+    """A line of the agent's own turn (not a task, status or subagent line): played while
+    no turn runs, it starts one."""
+    kind = obj.get("type")
+    if kind == "system":
+        return obj.get("subtype") == "init"
+    return kind in ("assistant", "stream_event", "user", "result") and not obj.get("parent_tool_use_id")
+
+
+def is_delta(obj: JsonObject) -> bool:
+    event = obj.get("event")
+    return obj.get("type") == "stream_event" and isinstance(event, dict) and event.get("type") == "content_block_delta"
 
 
 def iso_timestamp(seconds: float) -> str:
@@ -464,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
         check_options(options)
         delay_scale, interrupt_timeout_s = parse_speed(options), parse_interrupt_timeout()
         script = load_script(fixture, session_in_force(options))
-        inbox = Inbox()
+        inbox = Inbox(os.environ.get(ENV_HOST_LOG))
         if options.input_format == "stream-json":
             inbox.start_reader(0)
         else:

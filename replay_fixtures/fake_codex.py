@@ -16,7 +16,8 @@ Rules:
   once (a second gets ``Already initialized``, anything before it ``Not initialized``),
   ``thread/start`` and ``thread/resume`` (an unknown thread gets ``no rollout found``),
   ``turn/start`` (queued until the script reaches a turn), ``turn/interrupt`` (ends the
-  running turn ``interrupted``), ``account/read``; any other method gets Codex's
+  running turn ``interrupted``), ``turn/steer`` (taken into the running turn, which plays
+  on as recorded), ``account/read``; any other method gets Codex's
   ``unknown variant`` error. A malformed stdin line gets no reply, as with the real CLI.
 * Server requests (approvals) get the fake's own ids, counting from 0; the replay waits
   for the host's answer and goes on the same way whatever it was, except ``cancel``,
@@ -478,6 +479,8 @@ class Replayer:
             self._turns.append(request)
         elif method == "turn/interrupt":
             self._interrupt(request_id)
+        elif method == "turn/steer":
+            self._steer(request_id, params)
         elif method == "account/read":
             self._result(
                 request_id,
@@ -493,6 +496,18 @@ class Replayer:
                 request_id,
                 f"Invalid request: unknown variant `{method}`, expected one of `initialize`, `thread/start`, `thread/resume`, `turn/start`, `turn/interrupt`, …",
             )
+
+    def _steer(self, request_id: Any, params: JsonObject) -> None:
+        """``turn/steer``: more input for the running turn, which goes on as recorded (the
+        input is the model's from its next request on). Refused without a running turn, or
+        when ``expectedTurnId`` names another one."""
+        expected = params.get("expectedTurnId")
+        if not self._in_turn:
+            self._error(request_id, "no active turn to steer")
+        elif expected != self._live_turn:
+            self._error(request_id, f"expected active turn id {expected} but found {self._live_turn}")
+        else:
+            self._result(request_id, {"turnId": self._live_turn})
 
     def _thread_request(self, request_id: Any, method: str, params: JsonObject) -> None:
         if method == "thread/resume":

@@ -86,7 +86,13 @@ class Sessions:
 
     async def dispatch(self, effect: ev.Effect) -> None:
         live = self._live.get(effect.thread_id)
+        if isinstance(effect, ev.StartProviderTurn) and effect.provider_started:
+            await self._admit_wake(live, effect)
+            return
         if live is None:
+            if isinstance(effect, ev.SteerProviderTurn):  # no agent runs the turn any more
+                await self._requeue_steer(effect)
+                return
             if not isinstance(effect, ev.StartProviderTurn):
                 return  # nothing runs for this thread: nothing to interrupt, answer or stop
             live = await self._open(effect)
@@ -113,6 +119,30 @@ class Sessions:
                     "the thread's provider session is not keeping up; interrupt or archive the thread, then retry",
                     "session_backlog",
                 )
+            elif isinstance(effect, ev.SteerProviderTurn):
+                await self._requeue_steer(effect)
+
+    async def _admit_wake(self, live: _Live | None, effect: ev.StartProviderTurn) -> None:
+        """A turn the provider started itself may run: its session's reader waits for this.
+        Handed over directly (not through the bounded inbox, which it must never wait behind)."""
+        session = None if live is None else live.session
+        admit = getattr(session, "admit", None)
+        if live is not None and admit is not None and await admit(effect):
+            live.turn_id = effect.turn_id
+            return
+        if live is not None and session is None:  # its task has not run yet: the inbox
+            live.turn_id = effect.turn_id
+            with contextlib.suppress(trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                live.inbox.send_nowait(effect)
+                return
+        # Its agent is gone (stopped, restarted, replaced): nothing will run it.
+        await self._finish_turn(
+            effect.turn_id, "cancelled", "the agent that started this turn is no longer running", "provider_gone"
+        )
+
+    async def _requeue_steer(self, effect: ev.SteerProviderTurn) -> None:
+        with contextlib.suppress(DomainError):
+            await self._store.record(c.RequeueSteer(effect.thread_id, effect.item_id, effect.steer_id, effect.text))
 
     async def _open(self, effect: ev.StartProviderTurn) -> _Live | None:
         context = await self._store.thread_context(effect.thread_id)
@@ -164,7 +194,8 @@ class Sessions:
         cwd = context.thread.get("worktree_path") or context.project["path"]
         spec = self._spec(context.thread, cwd, context.resume)
         turn_id = None if context.turn is None else context.turn.id
-        self._start(spec, turn_id, Reattach(child, context.turn, context.user_text, context.requests, context.items))
+        reattach = Reattach(child, context.turn, context.user_text, context.requests, context.items, context.tasks)
+        self._start(spec, turn_id, reattach)
         return True
 
     def _spec(self, thread: dict[str, Any], cwd: str, resume: str | None) -> SessionSpec:

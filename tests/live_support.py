@@ -36,7 +36,7 @@ from t3d.live.hub import Hub
 from t3d.spawn.direct import DirectSpawner
 from t3d.store.store import Store, open_store
 
-LIST_KEYS = ("turns", "items", "requests", "projects", "threads")
+LIST_KEYS = ("turns", "items", "requests", "tasks", "projects", "threads")
 
 
 def merge_chunks(notes: list[dict[str, Any]]) -> dict[str, Any]:

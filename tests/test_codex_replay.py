@@ -295,3 +295,35 @@ def test_every_codex_recording_has_a_replay_test() -> None:
     """Every Codex recording bundled in replay_fixtures/codex/ is replayed by a test here."""
     covered = {MULTITURN.name, DECLINED.name, ERROR_PATHS.name}
     assert {p.name for p in CODEX.glob("*.jsonl")} == covered
+
+
+async def test_a_message_steered_into_a_codex_turn_goes_through_turn_steer(
+    tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """turn.start with delivery steer on a Codex thread whose turn waits on an approval:
+    the message goes to Codex as turn/steer with the running turn as expectedTurnId (0.171.0's
+    schema has it), shows in that turn, and the turn goes on to its end."""
+    log = tmp_path / "host.log"
+    monkeypatch.setenv("T3D_REPLAY_HOST_LOG", str(log))
+    with trio.fail_after(60):
+        project = project_dir(tmp_path)
+        turns = read_recording(MULTITURN, project)
+        daemon = await start_daemon(nursery, tmp_path / "state", replay_codex_fixture=str(MULTITURN))
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project, provider="replay-codex")
+            await run_turn(client, thread_id, turns[0].prompt)
+            started = await client.call("turn.start", thread_id=thread_id, text=turns[1].prompt)
+            request = await client.wait_event(lambda d: d["kind"] == "request.updated" and d["entity"]["status"] == "pending")
+            reply = await client.call("turn.start", thread_id=thread_id, text="and say hi", delivery="steer")
+            assert (reply["delivery"], reply["turn_id"]) == ("steer", started["turn_id"])
+            await client.call("request.respond", request_id=request["entity"]["id"], decision="allow")
+            await client.wait_event(lambda d: d["kind"] == "turn.updated" and d["entity"]["id"] == started["turn_id"] and d["entity"]["status"] == "completed")
+            snapshot = await client.call("thread.snapshot", thread_id=thread_id)
+        assert [t["id"] for t in snapshot["turns"]] == [snapshot["turns"][0]["id"], started["turn_id"]]
+        users = [i["text"] for i in snapshot["items"] if i["turn_id"] == started["turn_id"] and i["kind"] == "user_message"]
+        assert users == [turns[1].prompt, "and say hi"]
+        sent = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        [steer] = [m for m in sent if m.get("method") == "turn/steer"]
+        assert steer["params"]["input"][0]["text"] == "and say hi" and steer["params"]["expectedTurnId"]
+        assert len([m for m in sent if m.get("method") == "turn/start"]) == 2  # no turn of its own
+        daemon.stop()

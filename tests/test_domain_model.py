@@ -96,6 +96,27 @@ TURN_COMMANDS = [
     st.builds(_command(c.HoldTurn, U), _sels(1), st.sampled_from(["loop_saturated", "max_active_turns", "bogus"])),
     st.builds(_command(c.AdmitTurn, U), _sels(1)),
     st.just(lambda state: c.RecoverAfterRestart()),
+    # Steering, queue edits, turns the provider starts, background tasks.
+    st.builds(_command(lambda t, text: c.StartTurn(t, f"u-{next(TURN_IDS)}", text, "steer"), T), _sels(1), PROMPT),
+    st.builds(_command(c.EditTurn, U), _sels(1), PROMPT),
+    st.builds(_command(c.MoveTurn, U, U), _sels(2)),
+    st.builds(_command(lambda u: c.MoveTurn(u, None), U), _sels(1)),
+    st.builds(_command(c.CancelTurn, U), _sels(1)),
+    st.builds(
+        _command(lambda t, throttled: c.OpenProviderTurn(t, f"u-w{next(TURN_IDS)}", {"kind": "unknown"}, throttled), T),
+        _sels(1),
+        st.booleans(),
+    ),
+    st.builds(_command(c.ReleaseProviderTurn, U), _sels(1)),
+    st.builds(
+        _command(lambda t, u, key, status: c.RecordTasks(t, (_task(u, key, status),)), T, U),
+        _sels(2),
+        st.sampled_from(["a", "b"]),
+        st.sampled_from(["running", "completed", "stopped"]),
+    ),
+    st.builds(
+        _command(lambda t, u, text: c.RequeueSteer(t, f"{u}:steer:x", f"u-s{next(TURN_IDS)}", text), T, U), _sels(2), PROMPT
+    ),
 ]
 SETUP_COMMANDS = [
     st.builds(_command(c.CreateThread, T, P), _sels(2), st.sampled_from(["replay", "replay", "claude", "codex"])),
@@ -116,6 +137,13 @@ SETUP = (
     c.CreateThread("t-a", "p-a", "replay"),
     c.CreateThread("t-b", "p-a", "claude"),
 )
+
+def _task(turn_id: str, key: str, status: str) -> TurnItem:
+    return TurnItem(
+        id=f"{turn_id}:task:{key}", thread_id="", turn_id=turn_id, ordinal=0, kind="background_task",
+        status=status, title="sleep", text=None, data={"task_id": key}, updated_at=0.0,  # type: ignore[arg-type]
+    )
+
 
 _approval = TurnItem(
     id="", thread_id="", turn_id="", ordinal=0, kind="approval_request", status="pending",
@@ -144,6 +172,10 @@ def check_invariants(state: State) -> None:
     for request in state.requests.values():
         if request.status == "pending":
             assert state.turns[request.turn_id].status == "waiting", "a pending request holds its turn waiting"
+    for thread in state.threads.values():
+        running = {i.id for i in state.items.values() if i.kind == "background_task" and i.status == "running" and i.thread_id == thread.id}
+        assert set(thread.running_tasks) <= running, "a thread lists only its tasks still running"
+        assert len(thread.running_tasks) == len(set(thread.running_tasks)), "each task once"
     for turn_id in {i.turn_id for i in state.items.values()}:
         ordinals = sorted(i.ordinal for i in state.items.values() if i.turn_id == turn_id)
         assert ordinals == list(range(1, len(ordinals) + 1)), "item ordinals are dense per turn"

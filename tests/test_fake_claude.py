@@ -255,7 +255,8 @@ def assert_deltas_match_blocks(objs: list[Json]) -> None:
             pieces[last_index] = pieces.get(last_index, "") + delta.get(
                 "text", delta.get("partial_json", "")
             )
-        elif obj["type"] == "assistant" and last_index is not None:
+        elif obj["type"] == "assistant" and last_index is not None and not obj.get("parent_tool_use_id"):
+            # (a subagent's lines are not streamed: they come whole, between the main agent's deltas)
             (block,) = obj["message"]["content"]
             streamed = pieces[last_index]
             if block["type"] == "text":
@@ -420,9 +421,16 @@ def test_multiturn_full_drive(spawn: Callable[..., Host], tmp_path: Path) -> Non
 
     received = host.received
     expected = recorded_stdout(DEFAULT_FIXTURE, tmp_path)
-    assert final_lines(received) == final_lines(expected)
+    # The interrupted turn's partial text is what the fake streamed before the interrupt
+    # (all the recorded deltas when it came late, fewer when it came early): a prefix of the
+    # recorded partial text. Everything else is as recorded.
+    partial = interrupted_partial(expected)
+    streamed = interrupted_partial(received)
+    assert partial["message"]["content"][0]["text"].startswith(streamed["message"]["content"][0]["text"])
+    streamed_as_recorded = [partial if o is streamed else o for o in received]
+    assert final_lines(streamed_as_recorded) == final_lines(expected)
     wanted = {"assistant", "result"}
-    assert [o for o in received if o["type"] in wanted] == [
+    assert [o for o in streamed_as_recorded if o["type"] in wanted] == [
         o for o in expected if o["type"] in wanted
     ]
     assert sum(o["type"] == "result" for o in received) == 5
@@ -435,29 +443,50 @@ def test_multiturn_full_drive(spawn: Callable[..., Host], tmp_path: Path) -> Non
     assert {o["session_id"] for o in received if "session_id" in o} == {RECORDED_SESSION}
 
 
+def interrupted_partial(objs: list[Json]) -> Json:
+    """The partial assistant line of the interrupted turn (the one before the interrupt notice)."""
+    notice = next(
+        i for i, o in enumerate(objs) if o["type"] == "user" and "[Request interrupted" in json.dumps(o["message"])
+    )
+    return next(o for o in reversed(objs[:notice]) if o["type"] == "assistant")
+
+
 RECORDINGS = sorted(path.name for path in FIXTURES_DIR.glob("*.jsonl"))
 
 
 @pytest.mark.parametrize("name", RECORDINGS)
 def test_every_recording_replays(spawn: Callable[..., Host], tmp_path: Path, name: str) -> None:
+    """Each recording replays to its recorded stdout (final lines equal, deltas matching their
+    blocks) and exits with its recorded code, the host's messages all sent at once (queued by
+    the fake, as the CLI queues them; one is steered mid-turn in the steer recording), its
+    prompts answered, and the lines a background task's wake writes with no message before
+    them played as recorded."""
     fixture = FIXTURES_DIR / name
     host_lines = [
         json.loads(line[4:]) for line in fixture.read_text().splitlines() if line.startswith(">>> ")
     ]
     turns = sum(obj["type"] == "user" for obj in host_lines) or 1
     host = spawn("--replay-fixture", str(fixture), env={"T3D_REPLAY_INTERRUPT_TIMEOUT": "0"})
-    for turn in range(turns):
-        drive_turn(host, f"turn {turn}")
+    host.send(*(user(f"turn {turn}") for turn in range(turns)))
     expected = recorded_stdout(fixture, tmp_path)
-    while sum(o["type"] == "result" for o in host.received) < sum(
-        o["type"] == "result" for o in expected
-    ):
-        host.read_until(is_type("result"))
+    results = sum(o["type"] == "result" for o in expected)
+    while sum(o["type"] == "result" for o in host.received) < results:
+        obj = host.next()
+        if obj["type"] == "control_request" and obj["request"]["subtype"] == "can_use_tool":
+            host.send(permission_answer(obj, True))
     code, rest, stderr = host.finish()
     assert (rest, stderr) == ([], "")
-    assert code == (1 if "http" in name else 0)
+    assert code == recorded_exit_code(fixture, expected)
     assert final_lines(host.received) == final_lines(expected)
     assert_deltas_match_blocks(host.received)
+
+
+def recorded_exit_code(fixture: Path, expected: list[Json]) -> int:
+    meta = fixture.with_name(fixture.name.split(".")[0] + ".meta.json")
+    if meta.exists() and isinstance(json.loads(meta.read_text()).get("exit_code"), int):
+        return int(json.loads(meta.read_text())["exit_code"])
+    results = [o for o in expected if o["type"] == "result"]
+    return 1 if results and results[-1].get("is_error") else 0
 
 
 def test_workspace_and_home_rewritten(spawn: Callable[..., Host], tmp_path: Path) -> None:
@@ -641,8 +670,18 @@ def test_interrupt_before_recorded_point_jumps_to_it(
         "type": "control_response",
         "response": {"subtype": "success", "request_id": "early"},
     }
-    assert final_lines(rest) == final_lines(recorded_stdout(fixture, tmp_path))[-3:]
+    recorded = final_lines(recorded_stdout(fixture, tmp_path))[-3:]
+    assert final_lines(rest)[1:] == recorded[1:]
     assert [o["type"] for o in final_lines(rest)] == ["assistant", "user", "result"]
+    # The partial assistant line holds the text streamed before the jump, not the recorded
+    # text (which has deltas the fake skipped): a prefix of it.
+    partial = final_lines(rest)[0]["message"]["content"][0]["text"]
+    streamed = "".join(o["event"]["delta"]["text"] for o in host.received if is_delta(o))
+    assert partial == streamed
+    assert recorded[0]["message"]["content"][0]["text"].startswith(partial)
+    assert {k: v for k, v in final_lines(rest)[0].items() if k != "message"} == {
+        k: v for k, v in recorded[0].items() if k != "message"
+    }
 
 
 def test_permission_answer_before_the_wait_point(
@@ -789,3 +828,55 @@ def test_closed_stdout_exits_quietly(tmp_path: Path) -> None:
         proc.stdin.flush()
         assert proc.wait(timeout=TIMEOUT) == 0
         assert proc.stderr.read() == b""
+
+
+BASH_WAKE = FIXTURES_DIR / "claude-2.1.197_background_bash_wake.jsonl"
+
+
+def test_a_wake_plays_with_no_user_message_and_an_interrupt_between_turns_is_only_answered(
+    spawn: Callable[..., Host], tmp_path: Path
+) -> None:
+    """After a turn's result, the background task's lines and the wake (init ... result) play
+    at their recorded time with no user message before them; an interrupt that arrives
+    between the result and the wake is answered and ends nothing; every stdin line is in
+    T3D_REPLAY_HOST_LOG."""
+    log = tmp_path / "host.log"
+    host = spawn("--replay-fixture", str(BASH_WAKE), speed="0.5", env={"T3D_REPLAY_HOST_LOG": str(log)})
+    host.send(user("Please run BGBASH now"))
+    host.read_until(is_type("result"))
+    host.send(control_request("between", "interrupt"))
+    reply = host.read_until(is_type("control_response"))[-1]
+    assert reply["response"]["request_id"] == "between"
+    wake = host.read_until(is_type("result"))
+    assert [o["type"] for o in wake if o["type"] in ("system", "result")][:3] == ["system", "system", "system"]
+    assert wake[-1]["subtype"] == "success" and wake[-1]["origin"] == {"kind": "task-notification"}
+    expected = [o for o in recorded_stdout(BASH_WAKE, tmp_path) if o["type"] == "result"]
+    assert [o for o in host.received if o["type"] == "result"] == expected
+    assert [json.loads(line)["type"] for line in log.read_text().splitlines()] == ["user", "control_request"]
+
+
+def test_an_interrupt_in_a_wake_ends_that_wake_only(spawn: Callable[..., Host], tmp_path: Path) -> None:
+    """Two wakes after one user message: an interrupt while the first wake streams ends it
+    (an interrupted result), and the second wake still plays as recorded."""
+    lines = BASH_WAKE.read_text().splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith('{"type":"result"'))
+    combined = [*lines, *lines[end + 1 :]]
+    fixture = tmp_path / "two-wakes.jsonl"
+    fixture.write_text("\n".join(combined) + "\n")
+    # No delays but in the first wake, whose lines come 100 ms apart: it is still streaming
+    # when the interrupt arrives.
+    first_wake = range(end + 1, next(i for i in range(end + 1, len(combined)) if combined[i].startswith('{"type":"result"')) + 1)
+    times, at = [], 0.0
+    for index, line in enumerate(combined):
+        at += 100.0 if index in first_wake else 0.0
+        times.append(f"{at:g}\t{'in' if line.startswith('>>> ') else 'out'}\t{index}\n")
+    (tmp_path / "two-wakes.timing.tsv").write_text("".join(times))
+    host = spawn("--replay-fixture", str(fixture), speed="1")
+    host.send(user("Please run BGBASH now"))
+    host.read_until(is_type("result"))
+    host.read_until(is_delta)  # the first wake streams
+    host.send(control_request("in-wake", "interrupt"))
+    first = host.read_until(is_type("result"))[-1]
+    assert (first["subtype"], first["terminal_reason"]) == ("error_during_execution", "aborted_streaming")
+    second = host.read_until(is_type("result"))[-1]
+    assert second["subtype"] == "success" and second["origin"] == {"kind": "task-notification"}

@@ -30,6 +30,7 @@ from harness import (
     run_turn,
     start_daemon,
 )
+from test_schema import validate
 
 Json = dict[str, Any]
 
@@ -38,6 +39,7 @@ NOT_LOGGED_IN = TEST_FIXTURES / "claude-not-logged-in.stdout.jsonl"
 FAKE_CLAUDE = FIXTURES.parent / "fake_claude"
 DEFAULT_PROMPT = "hi"
 SINGLE_TURN = [
+    "claude-2.1.197_api_error_401.jsonl",
     "claude-2.1.197_resume.jsonl",
     "claude-2.1.197_flags_sessionid_model_mcp.jsonl",
     "claude-2.1.197_oneshot_bypass.stdout.jsonl",
@@ -64,8 +66,10 @@ class RecordedTurn:
     """What one turn of a recording shows: from the host's user line to the CLI's `result`."""
 
     prompt: str | None = None
-    texts: list[str] = attrs.Factory(list)  # text blocks of real assistant lines, in order
-    errors: list[str] = attrs.Factory(list)  # text of synthetic (error) assistant lines
+    # Text blocks of assistant lines, in order; a failure's own words too (its synthetic
+    # assistant line, else its result text): a failed turn shows them as its message.
+    texts: list[str] = attrs.Factory(list)
+    errors: list[str] = attrs.Factory(list)  # the failure's words, as the turn's error items
     tools: list[RecordedTool] = attrs.Factory(list)
     prompted: list[str] = attrs.Factory(list)  # tool names of can_use_tool prompts
     answers: list[str] = attrs.Factory(list)  # the host's allow/deny answers
@@ -105,12 +109,16 @@ def read_recording(path: Path, workspace: Path) -> list[RecordedTurn]:
             elif kind == "control_response" and isinstance(line["response"].get("response"), dict):
                 turn.answers.append(line["response"]["response"]["behavior"])
             continue
+        if kind in ("assistant", "user") and line.get("parent_tool_use_id"):
+            continue  # a subagent's line: its own work, not the turn's
         if kind == "assistant":
             message = line["message"]
             synthetic = message.get("model") == "<synthetic>" and bool(line.get("error"))
             for block in message["content"]:
                 if block["type"] == "text":
-                    (turn.errors if synthetic else turn.texts).append(block["text"])
+                    turn.texts.append(block["text"])
+                    if synthetic:
+                        turn.errors.append(block["text"])
                 elif block["type"] == "tool_use":
                     turn.tools.append(RecordedTool(block["id"], block["name"], block["input"]))
         elif kind == "user" and isinstance(line["message"]["content"], list):
@@ -123,6 +131,11 @@ def read_recording(path: Path, workspace: Path) -> list[RecordedTurn]:
             turn.prompted.append(line["request"]["tool_name"])
         elif kind == "result":
             turn.result = line
+            failed = line.get("is_error") and line.get("terminal_reason") != "aborted_streaming"
+            words = line.get("result") or "; ".join(line.get("errors") or [])
+            if failed and not turn.errors and words:
+                turn.texts.append(words)
+                turn.errors.append(words)
             turns.append(turn)
             turn = RecordedTurn()
     return turns
@@ -168,7 +181,12 @@ def check_turn(outcome: TurnOutcome, recorded: RecordedTurn, policy: Json) -> No
         for name in recorded.prompted
     ]
     assert [a["status"] for a in approvals] == expected
-    assert all(item["status"] not in ("streaming", "running", "pending") for item in outcome.items)
+    # (a background task runs on after its turn: its item is the one that may still run)
+    assert all(
+        item["status"] not in ("streaming", "running", "pending")
+        for item in outcome.items
+        if item["kind"] != "background_task"
+    )
 
 
 def decide_by(policy: Json) -> Callable[[Json], str]:
@@ -332,6 +350,8 @@ async def test_single_turn_recording_replays(
         if recorded.result["is_error"]:
             assert outcome.turn["status"] == "failed"
             assert outcome.turn["error"] == recorded.result["result"]
+            # The reason names the failure, never the result's "success" subtype.
+            assert outcome.turn["reason"] and "success" not in outcome.turn["reason"].split(":")
         else:
             assert outcome.turn["status"] == "completed"
             assert outcome.turn["error"] is None
@@ -346,8 +366,295 @@ def test_every_recording_has_a_replay_test() -> None:
     def run(path: Path) -> str:
         return path.name.removesuffix(".jsonl").removesuffix(".stdout")
 
-    covered = {run(MULTITURN)} | {run(Path(name)) for name in SINGLE_TURN}
+    covered = {run(MULTITURN)} | {run(Path(name)) for name in SINGLE_TURN} | {run(p) for p in BACKGROUND}
     assert {run(p) for p in FIXTURES.glob("*.jsonl")} == covered
+
+
+# -- background work: wakes, tasks, steering ------------------------------------------------
+
+BASH_WAKE = FIXTURES / "claude-2.1.197_background_bash_wake.jsonl"
+AGENT_REPORT = FIXTURES / "claude-2.1.197_background_agent_report.jsonl"
+STOP_RESUME = FIXTURES / "claude-2.1.197_background_agent_stop_resume.jsonl"
+NESTED_WAKE = FIXTURES / "claude-2.1.197_background_nested_wake.jsonl"
+STEER = FIXTURES / "claude-2.1.197_steer.jsonl"
+BACKGROUND = [BASH_WAKE, AGENT_REPORT, STOP_RESUME, NESTED_WAKE, STEER]
+# The CLI's task states as item statuses (t3d/providers/claude/tasks.py).
+TASK_STATUS = {"completed": "completed", "failed": "failed", "killed": "stopped", "stopped": "stopped"}
+
+
+@attrs.define
+class RecordedTask:
+    task_id: str
+    description: str
+    status: str  # the last state the recording gives it (task_updated, task_notification)
+
+
+def recorded_tasks(path: Path) -> list[RecordedTask]:
+    """The background tasks a recording starts, in order, with their final states."""
+    tasks: dict[str, RecordedTask] = {}
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        if raw.startswith(">>> ") or not raw.strip():
+            continue
+        line = json.loads(raw)
+        if line.get("type") != "system":
+            continue
+        task_id = line.get("task_id")
+        if line.get("subtype") == "task_started":
+            tasks[task_id] = RecordedTask(task_id, line["description"], "running")
+        elif line.get("subtype") == "task_updated" and "status" in line["patch"]:
+            tasks[task_id].status = line["patch"]["status"]
+        elif line.get("subtype") == "task_notification":
+            tasks[task_id].status = line["status"]
+    return list(tasks.values())
+
+
+class Watched:
+    """Every turn and item of a thread as the live events say, kept while the test runs."""
+
+    def __init__(self, client: RpcClient) -> None:
+        self.client = client
+        self.seen = client.record_events()
+        self.daemon: Any = None
+
+    def turns(self) -> list[Json]:
+        latest: dict[str, Json] = {}
+        for data in self.seen:
+            if data["kind"] == "turn.updated":
+                latest[data["entity"]["id"]] = data["entity"]
+        return sorted(latest.values(), key=lambda t: t["ordinal"])
+
+    def items(self, turn_id: str | None = None, kind: str | None = None) -> list[Json]:
+        latest: dict[str, Json] = {}
+        for data in self.seen:
+            if data["kind"] == "item.updated":
+                latest[data["entity"]["id"]] = data["entity"]
+        found = [i for i in latest.values() if turn_id in (None, i["turn_id"]) and kind in (None, i["kind"])]
+        return sorted(found, key=lambda i: (i["turn_id"], i["ordinal"]))
+
+    def threads(self) -> list[Json]:
+        return [d["entity"] for d in self.seen if d["kind"] == "thread.updated"]
+
+    async def until(self, done: Callable[[Watched], bool]) -> None:
+        while not done(self):
+            await self.client.wait_event(lambda d: True)
+
+    async def finished_turns(self, count: int) -> list[Json]:
+        """Wait until ``count`` turns have ended; return every turn."""
+        await self.until(lambda w: sum(t["status"] in TERMINAL_STATUSES for t in w.turns()) >= count)
+        return self.turns()
+
+
+TERMINAL_STATUSES = {"completed", "failed", "interrupted", "cancelled"}
+
+
+def texts_of(watched: Watched, turn: Json) -> list[str]:
+    return [i["text"] for i in watched.items(turn["id"], "assistant_message")]
+
+
+async def replay_background(
+    tmp_path: Path, nursery: trio.Nursery, recording: Path, **settings: Any
+) -> tuple[list[RecordedTurn], Watched, str, RpcClient]:
+    project = project_dir(tmp_path)
+    turns = read_recording(recording, project)
+    daemon = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(recording), **settings)
+    client = await nursery_client(nursery, daemon)
+    watched = Watched(client)
+    watched.daemon = daemon
+    thread_id = await new_thread(client, project)
+    return turns, watched, thread_id, client
+
+
+async def nursery_client(nursery: trio.Nursery, daemon: Any) -> RpcClient:
+    """A client that lives as long as the test's nursery (closed before the daemon stops)."""
+
+    async def hold(task_status: trio.TaskStatus[RpcClient] = trio.TASK_STATUS_IGNORED) -> None:
+        async with open_client(daemon) as client:
+            task_status.started(client)
+            await trio.sleep_forever()
+
+    return await nursery.start(hold)  # type: ignore[no-any-return]
+
+
+def check_provider_turns(watched: Watched, recorded: list[RecordedTurn], *, wakes: int) -> list[Json]:
+    """Every recorded `result` is one turn, in order: the user's as prompted, the wakes as
+    turns the provider started, each with the recorded texts and per-turn costs."""
+    turns = watched.turns()
+    assert len(turns) == len(recorded)
+    assert [t["started_by"] for t in turns] == ["user" if r.prompt else "provider" for r in recorded]
+    assert sum(t["started_by"] == "provider" for t in turns) == wakes
+    for turn, want in zip(turns, recorded, strict=True):
+        assert turn["status"] == "completed", turn
+        assert texts_of(watched, turn) == want.texts
+    assert [t["cost_usd"] for t in turns] == [pytest.approx(c, abs=1e-9) for c in costs(recorded)]
+    return turns
+
+
+def check_tasks(watched: Watched, recording: Path, *, running: set[str] = frozenset()) -> list[Json]:  # type: ignore[assignment]
+    """Every background task of the recording is an item with its final status, and the thread
+    lists the ones still running."""
+    tasks = watched.items(kind="background_task")
+    expected = recorded_tasks(recording)
+    assert [t["data"]["task_id"] for t in sorted(tasks, key=lambda t: t["updated_at"])] != []
+    by_id = {t["data"]["task_id"]: t for t in tasks}
+    assert sorted(by_id) == sorted(t.task_id for t in expected)
+    for want in expected:
+        item = by_id[want.task_id]
+        assert item["title"] == want.description
+        status = "running" if want.task_id in running else TASK_STATUS[want.status]
+        assert item["status"] == status, (want, item)
+    listed = watched.threads()[-1]["running_tasks"]
+    assert sorted(listed) == sorted(by_id[t]["id"] for t in running)
+    return tasks
+
+
+async def test_a_background_bash_commands_wake_is_a_turn_the_provider_started(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Background Bash (PROTOCOLS.md §1.3 task lines): the turn ends with the command running
+    (a background task item, listed by the thread); the command's end completes the item, and
+    the CLI's wake after it (no user message before it) is a turn started by the provider,
+    recorded and streamed like any turn, its origin the task's notification, ended by its
+    result."""
+    with trio.fail_after(30):
+        recorded, watched, thread_id, client = await replay_background(tmp_path, nursery, BASH_WAKE)
+        first = await run_turn(client, thread_id, recorded[0].prompt or "")
+        check_turn(first, recorded[0], {})
+        [task] = first.of_kind("background_task")
+        assert task["status"] == "running" and task["data"]["task_type"] == "local_bash"
+        await watched.finished_turns(2)
+        turns = check_provider_turns(watched, recorded, wakes=1)
+        wake = turns[1]
+        [(task_id, summary)] = [(t.task_id, t.description) for t in recorded_tasks(BASH_WAKE)]
+        assert wake["origin"]["kind"] == "task_notification"
+        assert [t["task_id"] for t in wake["origin"]["tasks"]] == [task_id]
+        [notice] = watched.items(wake["id"], "wake")
+        assert notice["ordinal"] == 1 and summary in notice["title"]
+        [done] = check_tasks(watched, BASH_WAKE)
+        assert done["turn_id"] == first.turn["id"]  # in the turn that started it
+        assert "completed" in done["text"]
+        # A task listed while it ran, then no longer.
+        assert {tuple(t["running_tasks"]) for t in watched.threads()} == {(task["id"],), ()}
+        snapshot = await client.call("thread.snapshot", thread_id=thread_id)
+        assert snapshot["tasks"] == [] and snapshot["thread"]["status"] == "idle"
+        assert [t["started_by"] for t in snapshot["turns"]] == ["user", "provider"]
+
+
+async def test_a_background_agent_reports_through_its_task_and_a_wake(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A background subagent keeps writing after its turn's result (lines with its
+    parent_tool_use_id): that is its task's output, not a turn; its end completes the task and
+    the wake that follows is a provider-started turn whose origin is the agent's notification
+    (not the notification of a command the agent ran itself)."""
+    with trio.fail_after(30):
+        recorded, watched, thread_id, client = await replay_background(tmp_path, nursery, AGENT_REPORT)
+        first = await run_turn(client, thread_id, recorded[0].prompt or "")
+        check_turn(first, recorded[0], {})
+        await watched.finished_turns(2)
+        turns = check_provider_turns(watched, recorded, wakes=1)
+        tasks = check_tasks(watched, AGENT_REPORT)
+        agent = next(t for t in tasks if t["data"]["task_type"] == "local_agent")
+        assert agent["data"]["output"] == "Waiting a moment.\nThe slow check is done: slow-done"
+        assert {t["turn_id"] for t in tasks} == {first.turn["id"]}
+        assert [t["task_id"] for t in turns[1]["origin"]["tasks"]] == [agent["data"]["task_id"]]
+
+
+async def test_a_background_agent_stopped_and_resumed(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A long background agent is listed by the thread (the snapshot's tasks, the shell row)
+    after its turn ended; TaskStop makes it stopped, SendMessage makes it run again until it
+    completes; each end wakes the agent (a provider-started turn)."""
+    with trio.fail_after(45):
+        recorded, watched, thread_id, client = await replay_background(tmp_path, nursery, STOP_RESUME)
+        prompts = [t.prompt for t in recorded if t.prompt]
+        first = await run_turn(client, thread_id, prompts[0] or "")
+        [agent] = [t for t in first.of_kind("background_task") if t["data"]["task_type"] == "local_agent"]
+        # Its turn is over and the thread idle, but the thread lists what still runs on it.
+        snapshot = await client.call("thread.snapshot", thread_id=thread_id)
+        assert agent["id"] in [t["id"] for t in snapshot["tasks"]]
+        assert snapshot["thread"]["status"] == "idle" and agent["id"] in snapshot["thread"]["running_tasks"]
+        status, shell = await http(watched.daemon, "GET", "/api/shell")
+        assert status == 200
+        [row] = [t for t in shell["threads"] if t["id"] == thread_id]
+        assert agent["id"] in row["running_tasks"]
+        await run_turn(client, thread_id, prompts[1] or "")
+        await watched.finished_turns(3)  # and the wake the stop causes
+        third = await run_turn(client, thread_id, prompts[2] or "")
+        await watched.finished_turns(len(recorded))
+        turns = check_provider_turns(watched, recorded, wakes=2)
+        assert turns[3]["id"] == third.turn["id"]
+        check_tasks(watched, STOP_RESUME)
+        statuses = [d["entity"]["status"] for d in watched.seen if d["kind"] == "item.updated" and d["entity"]["id"] == agent["id"]]
+        assert "stopped" in statuses and statuses[-1] == "completed"
+        assert statuses.index("stopped") < len(statuses) - 1 - statuses[::-1].index("running")
+        assert [t["status"] for t in turns[2]["origin"]["tasks"]] == ["stopped"]
+        assert [t["status"] for t in turns[4]["origin"]["tasks"]] == ["completed"]
+
+
+async def test_a_wake_that_starts_background_work_wakes_again(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Nested wakes: a wake starts another background command, whose end wakes the agent
+    again: three results for one user message are three turns, the second task in the wake
+    that started it."""
+    with trio.fail_after(30):
+        recorded, watched, thread_id, client = await replay_background(tmp_path, nursery, NESTED_WAKE)
+        first = await run_turn(client, thread_id, recorded[0].prompt or "")
+        await watched.finished_turns(3)
+        turns = check_provider_turns(watched, recorded, wakes=2)
+        tasks = sorted(check_tasks(watched, NESTED_WAKE), key=lambda t: t["data"]["task_id"] != recorded_tasks(NESTED_WAKE)[0].task_id)
+        assert [t["turn_id"] for t in tasks] == [first.turn["id"], turns[1]["id"]]
+        assert [[t["task_id"] for t in turn["origin"]["tasks"]] for turn in turns[1:]] == [
+            [t.task_id for t in recorded_tasks(NESTED_WAKE)][:1],
+            [t.task_id for t in recorded_tasks(NESTED_WAKE)][1:],
+        ]
+
+
+async def test_a_message_steered_into_a_running_turn(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """turn.start with delivery steer on a busy thread writes the message at once and shows it
+    in the running turn; 2.1.197 answers it after the running turn's result, so the turn goes
+    on until the steered message's own result: one turn, both answers, both results' cost."""
+    with trio.fail_after(30):
+        recorded, _, thread_id, client = await replay_background(tmp_path, nursery, STEER)
+        steered_text = STEER.read_text().splitlines()
+        steered = [json.loads(line[4:])["message"]["content"] for line in steered_text if line.startswith('>>> {"type":"user"')][1]
+        replies: list[Json] = []
+
+        async def steer_once(data: Json) -> None:
+            if data["kind"] == "item.updated" and data["entity"]["kind"] == "assistant_message" and not replies:
+                replies.append(await client.call("turn.start", thread_id=thread_id, text=steered, delivery="steer"))
+
+        outcome = await run_turn(client, thread_id, recorded[0].prompt or "", on_event=steer_once)
+        [reply] = replies
+        assert reply["delivery"] == "steer" and reply["turn_id"] == outcome.turn["id"]
+        assert outcome.turn["status"] == "completed"
+        assert outcome.assistant_text == recorded[0].texts + recorded[1].texts
+        users = outcome.of_kind("user_message")
+        assert [u["text"] for u in users] == [recorded[0].prompt, steered]
+        assert users[1]["id"] == reply["item_id"] and users[1]["data"]["delivery"] == "steer"
+        assert outcome.turn["cost_usd"] == pytest.approx(sum(costs(recorded)))
+        snapshot = await client.call("thread.snapshot", thread_id=thread_id)
+        assert len(snapshot["turns"]) == 1
+        # Steering a thread with no running turn starts an ordinary turn, and says so.
+        idle = await client.call("turn.start", thread_id=thread_id, text="Say ok", delivery="steer")
+        assert idle["delivery"] == "queue" and "no running turn" in idle["note"]
+        for result in (reply, idle):  # both shapes as the API's schema has them
+            validate("TurnStartResult", result)
+
+
+async def test_an_api_error_speaks_in_the_clis_own_words(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """A 401 from the model API: the CLI's text is the turn's assistant message and its error
+    item, the turn's error, and the reason names it (api_error_401:auth_error), never success."""
+    with trio.fail_after(20):
+        recording = FIXTURES / "claude-2.1.197_api_error_401.jsonl"
+        project = project_dir(tmp_path)
+        (recorded,) = read_recording(recording, project)
+        assert recorded.result["subtype"] == "success" and recorded.result["api_error_status"] == 401
+        daemon = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(recording))
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project)
+            outcome = await run_turn(client, thread_id, recorded.prompt or "")
+        words = recorded.result["result"]
+        assert (outcome.turn["status"], outcome.turn["error"], outcome.turn["reason"]) == ("failed", words, "api_error_401:auth_error")
+        assert outcome.assistant_text == [words]
+        [error] = outcome.of_kind("error")
+        assert (error["text"], error["status"], error["data"]["error"]) == (words, "failed", "authentication_failed")
+        daemon.stop()
 
 
 # -- no credentials -------------------------------------------------------------------------
@@ -386,7 +693,9 @@ async def test_not_logged_in_fails_the_turn_and_the_daemon_stays_healthy(
             assert [i["text"] for i in outcome.of_kind("error")] == [
                 "Not logged in · Please run /login"
             ]
-            assert outcome.assistant_text == []
+            # The CLI's own words are the turn's message, and the reason names the failure.
+            assert outcome.assistant_text == ["Not logged in · Please run /login"]
+            assert outcome.turn["reason"] == "auth_error"
 
             status, body = await http(daemon, "GET", "/api/health", token=False)
             assert status == 200, body

@@ -135,7 +135,13 @@ async def test_real_results_and_notifications_validate(tmp_path: Path, nursery: 
             await call("checkpoint.diff", thread_id=thread, from_ordinal=0, to_ordinal=1)
             await call("checkpoint.revert", thread_id=thread, ordinal=0)
             await call("thread.force_stop", thread_id=thread)  # its idle agent
-            await call("turn.start", thread_id=thread, text="Now EDIT notes.txt")
+            await call("turn.start", thread_id=thread, text="Now EDIT notes.txt")  # waits on its prompt
+            queued = await call("turn.start", thread_id=thread, text="Say ok")
+            later = await call("turn.start", thread_id=thread, text="Say ok again")
+            await call("turn.edit", turn_id=queued["turn_id"], text="Say ok, edited")
+            await call("turn.move", turn_id=later["turn_id"], before=queued["turn_id"])
+            await call("turn.cancel", turn_id=later["turn_id"])
+            await call("turn.cancel", turn_id=queued["turn_id"])
             await call("turn.interrupt", thread_id=thread)
             await client.wait_event(lambda d: d["kind"] == "turn.updated" and d["entity"]["status"] == "interrupted")
             await call("unsubscribe", sub=server)

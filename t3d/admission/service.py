@@ -16,12 +16,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import attrs
 import trio
 
 from t3d.admission.core import SATURATED_STARTS, AdmissionQueue, SaturationGate
 from t3d.domain import commands as c
 from t3d.domain.events import Effect, StartProviderTurn
-from t3d.domain.model import TERMINAL_TURN_STATUSES, Turn
+from t3d.domain.model import TERMINAL_TURN_STATUSES, Turn, TurnItem
 from t3d.errors import DomainError
 from t3d.loop_monitor import LoopMonitor
 from t3d.pressure.sampler import PressureSampler
@@ -65,6 +66,11 @@ class Admission:
     def on_commit(self, committed: Committed) -> None:
         for event in committed.events:
             turn = event.entity
+            if isinstance(turn, TurnItem):  # a held turn's prompt edited (turn.edit): start with it
+                held = self._held_effects.get(turn.turn_id)
+                if held is not None and turn.id == f"{turn.turn_id}:user" and turn.text is not None:
+                    self._held_effects[turn.turn_id] = attrs.evolve(held, text=turn.text)
+                continue
             if not isinstance(turn, Turn):
                 continue
             if turn.status in ("running", "waiting"):

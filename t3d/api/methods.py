@@ -31,7 +31,7 @@ from t3d.api.jsonrpc import (
     RpcError,
 )
 from t3d.domain import commands as c
-from t3d.domain.model import ACTIVE_TURN_STATUSES, DECISIONS, RUNNABLE_PROVIDERS
+from t3d.domain.model import ACTIVE_TURN_STATUSES, DECISIONS, DELIVERIES, RUNNABLE_PROVIDERS
 from t3d.errors import DomainError
 from t3d.live.reads import BaseReader
 from t3d.live.waiters import RequestWaiters, Waiter, WaitersFull
@@ -60,6 +60,9 @@ MUTATING = frozenset(
         "thread.delete",
         "thread.move",
         "turn.start",
+        "turn.edit",
+        "turn.move",
+        "turn.cancel",
         "turn.interrupt",
         "request.respond",
         "checkpoint.revert",
@@ -119,6 +122,9 @@ class Methods:
             "thread.delete": self.thread_delete,
             "thread.snapshot": self.thread_snapshot,
             "turn.start": self.turn_start,
+            "turn.edit": self.turn_edit,
+            "turn.move": self.turn_move,
+            "turn.cancel": self.turn_cancel,
             "turn.interrupt": self.turn_interrupt,
             "thread.force_stop": self.thread_force_stop,
             "request.respond": self.request_respond,
@@ -281,11 +287,36 @@ class Methods:
         return snapshot
 
     async def turn_start(self, p: Params) -> Any:
+        """A turn; on a thread with a running turn it is queued behind it, or with ``delivery``
+        ``steer`` written into the running turn at once (the reply's ``delivery`` says which
+        happened: a thread with no running turn gets an ordinary turn, and a ``note``)."""
         thread_id = p.str("thread_id", max_len=200)
         text = p.str("text", max_len=1_000_000)
         turn_id = p.opt_str("turn_id", max_len=200) or _mint()
+        delivery = p.choice("delivery", DELIVERIES, default="queue")
         p.check()
-        return await self._commit(p, c.StartTurn(thread_id, turn_id, text))
+        return await self._commit(p, c.StartTurn(thread_id, turn_id, text, delivery))
+
+    async def turn_edit(self, p: Params) -> Any:
+        """Change the prompt of a queued turn (one that has not started)."""
+        turn_id = p.str("turn_id", max_len=200)
+        text = p.str("text", max_len=1_000_000)
+        p.check()
+        return await self._commit(p, c.EditTurn(turn_id, text))
+
+    async def turn_move(self, p: Params) -> Any:
+        """Move a queued turn just before another queued turn of its thread (``before``), or
+        last in the queue."""
+        turn_id = p.str("turn_id", max_len=200)
+        before = p.opt_str("before", max_len=200)
+        p.check()
+        return await self._commit(p, c.MoveTurn(turn_id, before))
+
+    async def turn_cancel(self, p: Params) -> Any:
+        """Cancel a queued turn; cancelling it again changes nothing."""
+        turn_id = p.str("turn_id", max_len=200)
+        p.check()
+        return await self._commit(p, c.CancelTurn(turn_id))
 
     async def turn_interrupt(self, p: Params) -> Any:
         thread_id = p.str("thread_id", max_len=200)

@@ -49,6 +49,7 @@ from t3d.api.schema_types import (
 from t3d.domain.events import EventKind
 from t3d.domain.model import (
     DECISIONS,
+    DELIVERIES,
     RUNNABLE_PROVIDERS,
     Checkpoint,
     Project,
@@ -144,6 +145,7 @@ SNAPSHOT = obj(
         "turns": req(array(ref("Turn"))),
         "items": req(array(ref("TurnItem"))),
         "requests": req(array(ref("RuntimeRequest")), "pending requests"),
+        "tasks": req(array(ref("TurnItem")), "background tasks still running, whatever turn started them"),
         "has_more": req(boolean(), "older turns were left out"),
         "before": req(nullable(integer(1)), "pass as before to page older turns"),
     },
@@ -290,9 +292,34 @@ METHODS: dict[str, Method] = {
         {"oneOf": [ref("Streamed"), ref("ThreadSnapshot")]},
     ),
     "turn.start": Method(
-        "Start a turn (queued behind an open turn of the thread).",
-        {"thread_id": THREAD_ID, "text": req(string(1_000_000)), "turn_id": opt(ID)},
-        obj({"turn_id": req(ID), "status": req(enum(("starting", "queued"))), **MUTATION}),
+        "Start a turn: queued behind an open turn of the thread, or with delivery steer written into "
+        "its running turn at once (a thread with no running turn gets an ordinary turn, and a note).",
+        {
+            "thread_id": THREAD_ID, "text": req(string(1_000_000)), "turn_id": opt(ID),
+            "delivery": opt(enum(DELIVERIES), "queue (default) or steer: into the running turn"),
+        },
+        obj({
+            "turn_id": req(ID, "the new turn, or the running turn the message was steered into"),
+            "status": req(TURN_STATUS), **MUTATION,
+            "delivery": req(enum(DELIVERIES), "what happened: steered into the running turn, or a turn of its own"),
+            "item_id": opt(ID, "steer: the item showing the message in the running turn"),
+            "note": opt(string(), "steer asked for, but the thread had no running turn"),
+        }),
+    ),
+    "turn.edit": Method(
+        "Change the prompt of a queued turn (one that has not started).",
+        {"turn_id": req(ID), "text": req(string(1_000_000))},
+        obj({"turn_id": req(ID), "status": req(TURN_STATUS), **MUTATION}),
+    ),
+    "turn.move": Method(
+        "Move a queued turn just before another queued turn of its thread, or last (no before).",
+        {"turn_id": req(ID), "before": opt(ID, "a queued turn of the same thread")},
+        obj({"turn_id": req(ID), "status": req(TURN_STATUS), "order": req(array(ID), "the thread's queue, in run order"), **MUTATION}),
+    ),
+    "turn.cancel": Method(
+        "Cancel a queued turn (one that has not started); cancelling it again changes nothing.",
+        {"turn_id": req(ID)},
+        obj({"turn_id": req(ID), "status": req(TURN_STATUS), **MUTATION}),
     ),
     "turn.interrupt": Method(
         "Interrupt the running turn, or cancel the queued ones when none runs.",
@@ -507,7 +534,7 @@ def notification_definitions() -> dict[str, Schema]:
     thread_chunk = obj(
         {
             "turns": req(array(ref("Turn"))), "items": req(array(ref("TurnItem"))), "requests": req(array(ref("RuntimeRequest"))),
-            "sequence": opt(SEQUENCE), "thread": opt(ref("Thread")), "has_more": opt(boolean()), "before": opt(nullable(integer(1))),
+            "tasks": req(array(ref("TurnItem"))), "sequence": opt(SEQUENCE), "thread": opt(ref("Thread")), "has_more": opt(boolean()), "before": opt(nullable(integer(1))),
         },
         title="ThreadSnapshotChunk",
         description="concatenate the lists of all chunks in order; the first chunk also holds the other fields",

@@ -59,9 +59,38 @@ class DeleteThread:
 
 @attrs.frozen
 class StartTurn:
+    """A user turn. With ``delivery="steer"`` and a running turn on the thread, the text goes
+    into that turn instead (``turn_id`` then names the steered message); with no running turn
+    it is an ordinary turn, and the result says so."""
+
     thread_id: str
     turn_id: str
     text: str
+    delivery: str = "queue"
+
+
+@attrs.frozen
+class EditTurn:
+    """Change the prompt of a turn that has not started (``queued``)."""
+
+    turn_id: str
+    text: str
+
+
+@attrs.frozen
+class MoveTurn:
+    """Reorder the thread's queue: ``turn_id`` goes just before ``before`` (another queued
+    turn of the thread), or last when ``before`` is None."""
+
+    turn_id: str
+    before: str | None = None
+
+
+@attrs.frozen
+class CancelTurn:
+    """Cancel a turn that has not started (``queued``); a cancelled turn stays cancelled."""
+
+    turn_id: str
 
 
 @attrs.frozen
@@ -138,6 +167,46 @@ class RecordSession:
 
 
 @attrs.frozen
+class OpenProviderTurn:
+    """The provider started work with no turn open (a background task's notification woke
+    it): a turn started by the provider, ``origin`` saying why. It starts like any turn
+    (``starting``, through admission), or waits ``queued`` (``wake_throttled``) when the
+    session throttles a provider that keeps waking itself."""
+
+    thread_id: str
+    turn_id: str
+    origin: JsonDict
+    throttled: bool = False
+
+
+@attrs.frozen
+class ReleaseProviderTurn:
+    """A throttled provider-started turn may start now (through admission, as any turn)."""
+
+    turn_id: str
+
+
+@attrs.frozen
+class RecordTasks:
+    """Upsert background task items (kind ``background_task``) of any turn of the thread, open
+    or finished, and keep the thread's list of the ones still running."""
+
+    thread_id: str
+    items: tuple[TurnItem, ...]
+
+
+@attrs.frozen
+class RequeueSteer:
+    """A message steered into a turn that ended before the provider got it: it becomes an
+    ordinary turn (``turn_id``, minted by the client for the steer), queued as usual."""
+
+    thread_id: str
+    item_id: str
+    turn_id: str
+    text: str
+
+
+@attrs.frozen
 class RecoverAfterRestart:
     """Give every non-terminal turn a terminal record and expire pending requests, except
     on the threads of ``live_sessions`` (provider sessions whose agent outlived the last
@@ -181,10 +250,23 @@ ClientCommand = (
     | UnarchiveThread
     | DeleteThread
     | StartTurn
+    | EditTurn
+    | MoveTurn
+    | CancelTurn
     | InterruptTurn
     | RespondToRequest
 )
-ProviderCommand = MarkTurnRunning | RecordItems | OpenRequest | FinishTurn | RecordSession
+ProviderCommand = (
+    MarkTurnRunning
+    | RecordItems
+    | OpenRequest
+    | FinishTurn
+    | RecordSession
+    | OpenProviderTurn
+    | ReleaseProviderTurn
+    | RecordTasks
+    | RequeueSteer
+)
 AdmissionCommand = HoldTurn | AdmitTurn
 CheckpointCommand = RecordCheckpoint | MarkReverted | MoveThread
 Command = ClientCommand | ProviderCommand | AdmissionCommand | RecoverAfterRestart | CheckpointCommand
@@ -192,14 +274,14 @@ Command = ClientCommand | ProviderCommand | AdmissionCommand | RecoverAfterResta
 # Provider updates that may share a transaction with other sessions' updates
 # already queued. The other provider commands (a turn's end, a request opened)
 # are barriers: each commits alone, after every update queued before it.
-BATCHABLE = (MarkTurnRunning, RecordItems, RecordSession)
+BATCHABLE = (MarkTurnRunning, RecordItems, RecordSession, RecordTasks)
 
 _ENTITY_OVERHEAD = 200  # ids, kinds, timestamps and field names of one entity
 
 
 def estimated_size(command: Command) -> int:
     """Rough bytes of the entities ``command`` writes, for a batch's byte bound. Pure."""
-    if isinstance(command, RecordItems):
+    if isinstance(command, RecordItems | RecordTasks):
         return sum(_ENTITY_OVERHEAD + json_size(item.title) + json_size(item.text) + json_size(item.data) for item in command.items)
     return _ENTITY_OVERHEAD
 

@@ -21,7 +21,18 @@ Rules worth knowing:
 - After a restart, a thread whose agent is still alive (taken over by the new
   daemon: `RecoverAfterRestart.live_sessions`) keeps its turns, pending requests
   and session as they are; every other open turn ends ``interrupted``
-  (``server_restart``).
+  (``server_restart``), a turn its provider started and that never ran is
+  cancelled, and its background tasks are stopped.
+- A provider may start a turn itself (`OpenProviderTurn`, ``started_by`` provider):
+  it goes before every turn of the thread that has not reached the provider yet,
+  which moves one ordinal later (ordinals are the run order: checkpoints count on
+  it). A throttled one waits ``queued`` (``wake_throttled``) until released.
+- Only turns that have not started (``queued``) can be edited, moved (among the
+  thread's queue, behind a turn held by admission) or cancelled. A steered
+  message goes into a ``running`` or ``waiting`` turn as an item and an effect;
+  with none it is an ordinary turn.
+- Background task items may change after their turn ended (`RecordTasks`); the
+  thread lists the ones still running.
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ from t3d.domain.events import (
     Event,
     InterruptProviderTurn,
     StartProviderTurn,
+    SteerProviderTurn,
     StopProviderSession,
     deleted,
     updated,
@@ -46,7 +58,9 @@ from t3d.domain.events import (
 from t3d.domain.model import (
     ACTIVE_TURN_STATUSES,
     DECISIONS,
+    DELIVERIES,
     HOLD_REASONS,
+    MAX_RUNNING_TASKS,
     PROVIDERS,
     RUNNABLE_PROVIDERS,
     TERMINAL_TURN_STATUSES,
@@ -223,15 +237,37 @@ def _delete_thread(d: _Draft, cmd: c.DeleteThread, now: float) -> Decision:
     return d.decision(thread_id=thread.id)
 
 
+def _check_prompt(text: str) -> None:
+    _require(bool(text.strip()), "invalid", "text is empty; send the prompt as a non-empty string")
+    _require(len(text) <= MAX_TEXT, "invalid", f"text is longer than {MAX_TEXT} characters; shorten the prompt")
+
+
 def _start_turn(d: _Draft, cmd: c.StartTurn, now: float) -> Decision:
     thread = d.thread(cmd.thread_id)
     _require(thread.archived_at is None, "conflict", f"thread {thread.id!r} is archived; start a new thread")
-    _require(bool(cmd.text.strip()), "invalid", "text is empty; send the prompt as a non-empty string")
-    _require(len(cmd.text) <= MAX_TEXT, "invalid", f"text is longer than {MAX_TEXT} characters; shorten the prompt")
+    _check_prompt(cmd.text)
+    _require(cmd.delivery in DELIVERIES, "invalid", f"delivery {cmd.delivery!r} is unknown; use one of {', '.join(DELIVERIES)}")
     _require(d.view.turn(cmd.turn_id) is None, "conflict", f"turn id {cmd.turn_id!r} is taken; mint a new id")
+    note = None
+    if cmd.delivery == "steer":
+        # Only into a turn its provider has accepted: a starting turn's prompt may not have
+        # reached it yet (and admission may still hold it back).
+        running = [t for t in d.open_turns(thread.id) if t.status in ("running", "waiting")]
+        if running:
+            return _steer(d, running[0], cmd, now)
+        note = f"thread {thread.id!r} had no running turn to steer into; the message is an ordinary turn"
+    turn = _new_user_turn(d, thread, cmd.turn_id, cmd.text, now)
+    result: dict[str, Any] = {"turn_id": turn.id, "status": turn.status, "delivery": "queue"}
+    if note is not None:
+        result["note"] = note
+    return d.decision(**result)
+
+
+def _new_user_turn(d: _Draft, thread: Thread, turn_id: str, text: str, now: float, data: JsonDict | None = None) -> Turn:
+    """A user turn with its prompt: starting if the thread is free, else queued behind."""
     busy = bool(d.open_turns(thread.id))
     turn = Turn(
-        id=cmd.turn_id,
+        id=turn_id,
         thread_id=thread.id,
         ordinal=d.view.turn_count(thread.id) + 1,
         status="queued" if busy else "starting",
@@ -248,15 +284,96 @@ def _start_turn(d: _Draft, cmd: c.StartTurn, now: float) -> Decision:
             kind="user_message",
             status="completed",
             title=None,
-            text=cmd.text,
-            data=None,
+            text=text,
+            data=data,
             updated_at=now,
         )
     )
     if not busy:
-        d.effects.append(StartProviderTurn(thread.id, turn.id, cmd.text, turn.ordinal))
+        d.effects.append(StartProviderTurn(thread.id, turn.id, text, turn.ordinal))
     d.refresh_thread_status(thread.id)
+    return turn
+
+
+def _steer(d: _Draft, turn: Turn, cmd: c.StartTurn, now: float) -> Decision:
+    """The message goes into the running turn: an item there, written to the provider now."""
+    item_id = f"{turn.id}:steer:{cmd.turn_id}"
+    _require(d.get(TurnItem, item_id, d.view.item) is None, "conflict", f"turn id {cmd.turn_id!r} is taken; mint a new id")
+    item = TurnItem(
+        id=item_id,
+        thread_id=turn.thread_id,
+        turn_id=turn.id,
+        ordinal=0,
+        kind="user_message",
+        status="completed",
+        title=None,
+        text=cmd.text,
+        data={"delivery": "steer", "steer_id": cmd.turn_id},
+        updated_at=now,
+    )
+    _upsert_item(d, item, turn)
+    d.effects.append(SteerProviderTurn(turn.thread_id, turn.id, item_id, cmd.turn_id, cmd.text))
+    return d.decision(turn_id=turn.id, status=turn.status, delivery="steer", item_id=item_id)
+
+
+def _queued_turn(d: _Draft, turn_id: str, what: str) -> Turn:
+    turn = d.turn(turn_id)
+    _require(
+        turn.status == "queued",
+        "conflict",
+        f"turn {turn.id!r} is {turn.status}; only a queued turn can be {what}"
+        + ("; interrupt a running turn with turn.interrupt" if turn.status in ACTIVE_TURN_STATUSES else ""),
+    )
+    return turn
+
+
+def _edit_turn(d: _Draft, cmd: c.EditTurn, now: float) -> Decision:
+    turn = _queued_turn(d, cmd.turn_id, "edited")
+    _require(turn.started_by == "user", "conflict", f"turn {turn.id!r} was started by the provider; it has no prompt to edit")
+    _check_prompt(cmd.text)
+    user = d.get(TurnItem, f"{turn.id}:user", d.view.item)
+    _require(user is not None, "conflict", f"turn {turn.id!r} has no prompt to edit")
+    if user.text != cmd.text:
+        d.put(attrs.evolve(user, text=cmd.text, updated_at=now))
     return d.decision(turn_id=turn.id, status=turn.status)
+
+
+def _move_turn(d: _Draft, cmd: c.MoveTurn, now: float) -> Decision:
+    turn = _queued_turn(d, cmd.turn_id, "moved")
+    queue = [t for t in d.open_turns(turn.thread_id) if t.status == "queued" and not t.held and t.started_by == "user"]
+    _require(turn in queue, "conflict", f"turn {turn.id!r} is held by the daemon ({turn.queue_reason}); it starts first, as it is")
+    order = [t for t in queue if t.id != turn.id]
+    if cmd.before is None:
+        order.append(turn)
+    else:
+        _require(cmd.before != turn.id, "invalid", "before names the turn being moved; name another queued turn")
+        before = d.turn(cmd.before)
+        _require(
+            before in order,
+            "conflict",
+            f"turn {before.id!r} is not waiting in thread {turn.thread_id!r}'s queue (it is {before.status}); "
+            "name a queued turn of the same thread, or omit before to move the turn last",
+        )
+        order.insert(order.index(before), turn)
+    # The run order is the ordinal order (checkpoints and reverts count on it): the queued
+    # turns swap ordinals among themselves; none of them has run.
+    for moved, ordinal in zip(order, sorted(t.ordinal for t in queue), strict=True):
+        if moved.ordinal != ordinal:
+            d.put(attrs.evolve(moved, ordinal=ordinal))
+    return d.decision(turn_id=turn.id, status=turn.status, order=[t.id for t in order])
+
+
+def _cancel_turn(d: _Draft, cmd: c.CancelTurn, now: float) -> Decision:
+    turn = d.turn(cmd.turn_id)
+    if turn.status == "cancelled":
+        return d.decision(turn_id=turn.id, status=turn.status)
+    turn = _queued_turn(d, cmd.turn_id, "cancelled")
+    d.put(attrs.evolve(turn, status="cancelled", completed_at=now, reason="cancelled_by_user"))
+    if turn.started_by == "provider":  # its agent is at work on it: stop that too
+        d.effects.append(InterruptProviderTurn(turn.thread_id, turn.id))
+    _start_next_queued(d, turn.thread_id)
+    d.refresh_thread_status(turn.thread_id)
+    return d.decision(turn_id=turn.id, status="cancelled")
 
 
 def _interrupt_turn(d: _Draft, cmd: c.InterruptTurn, now: float) -> Decision:
@@ -273,6 +390,8 @@ def _interrupt_turn(d: _Draft, cmd: c.InterruptTurn, now: float) -> Decision:
     _require(bool(queued), "conflict", f"thread {thread.id!r} has no running or queued turn to interrupt")
     for turn in queued:
         d.put(attrs.evolve(turn, status="cancelled", completed_at=now, reason="interrupted_while_queued"))
+        if turn.started_by == "provider":  # its agent is at work on it: stop that too
+            d.effects.append(InterruptProviderTurn(thread.id, turn.id))
     d.refresh_thread_status(thread.id)
     return d.decision(turn_id=queued[0].id, status="cancelled")
 
@@ -430,8 +549,127 @@ def _start_next_queued(d: _Draft, thread_id: str, *, restart_held: bool = False)
         return
     turn = queued[0]
     d.put(attrs.evolve(turn, status="starting", queue_reason=None))
+    if turn.started_by == "provider":
+        d.effects.append(StartProviderTurn(thread_id, turn.id, "", turn.ordinal, provider_started=True))
+        return
     user = d.get(TurnItem, f"{turn.id}:user", d.view.item)
     d.effects.append(StartProviderTurn(thread_id, turn.id, user.text if user and user.text else "", turn.ordinal))
+
+
+WAKE_TITLE = 500
+
+
+def _wake_title(origin: JsonDict) -> str:
+    kind = origin.get("kind")
+    if kind == "task_notification":
+        tasks = origin.get("tasks") or []
+        summaries = [str(t.get("summary") or t.get("task_id") or "") for t in tasks if isinstance(t, dict)]
+        title = "Woken by a background task: " + "; ".join(s for s in summaries if s)
+    elif kind == "steered_message":
+        title = "Woken to answer a message steered into an earlier turn"
+    else:
+        title = "Started by the agent on its own"
+    return title[:WAKE_TITLE]
+
+
+def _open_provider_turn(d: _Draft, cmd: c.OpenProviderTurn, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    existing = d.view.turn(cmd.turn_id)
+    if existing is not None:  # the session's retry: the turn is there already
+        _require(existing.thread_id == thread.id and existing.started_by == "provider", "conflict", f"turn id {cmd.turn_id!r} is taken")
+        return d.decision(turn_id=existing.id, status=existing.status)
+    _require(thread.archived_at is None, "conflict", f"thread {thread.id!r} is archived; its agent's work is not recorded")
+    open_turns = d.open_turns(thread.id)
+    _require(
+        not any(t.status in ("running", "waiting") for t in open_turns),
+        "conflict",
+        f"thread {thread.id!r} has a turn its provider is running; the provider's own turn cannot come before its end",
+    )
+    # The provider is at work now: it runs first. Turns that have not reached it (queued,
+    # or starting and not yet written to it) wait behind it, one ordinal later each, and so
+    # do the queued turns cancelled among them: none of them has run, so the run order
+    # stays the ordinal order.
+    ordinal = min((t.ordinal for t in open_turns), default=d.view.turn_count(thread.id) + 1)
+    later = {t.id: t for t in d.view.turns_from(thread.id, ordinal)} | {t.id: t for t in open_turns}
+    for waiting in sorted(later.values(), key=lambda t: t.ordinal, reverse=True):
+        moved = attrs.evolve(waiting, ordinal=waiting.ordinal + 1)
+        if not waiting.terminal:
+            moved = attrs.evolve(moved, status="queued", queue_reason="thread_busy")
+        d.put(moved)
+    turn = Turn(
+        id=cmd.turn_id,
+        thread_id=thread.id,
+        ordinal=ordinal,
+        status="queued" if cmd.throttled else "starting",
+        queue_reason="wake_throttled" if cmd.throttled else None,
+        requested_at=now,
+        started_by="provider",
+        origin=cmd.origin,
+    )
+    d.put(turn)
+    d.put(
+        TurnItem(
+            id=f"{turn.id}:wake",
+            thread_id=thread.id,
+            turn_id=turn.id,
+            ordinal=1,
+            kind="wake",
+            status="completed",
+            title=_wake_title(cmd.origin),
+            text=None,
+            data=cmd.origin,
+            updated_at=now,
+        )
+    )
+    if not cmd.throttled:
+        d.effects.append(StartProviderTurn(thread.id, turn.id, "", turn.ordinal, provider_started=True))
+    d.refresh_thread_status(thread.id)
+    return d.decision(turn_id=turn.id, status=turn.status)
+
+
+def _release_provider_turn(d: _Draft, cmd: c.ReleaseProviderTurn, now: float) -> Decision:
+    turn = d.turn(cmd.turn_id)
+    if turn.status != "queued" or turn.queue_reason != "wake_throttled":
+        return d.decision(turn_id=turn.id, status=turn.status)  # cancelled (or started) meanwhile
+    d.put(attrs.evolve(turn, status="starting", queue_reason=None))
+    d.effects.append(StartProviderTurn(turn.thread_id, turn.id, "", turn.ordinal, provider_started=True))
+    d.refresh_thread_status(turn.thread_id)
+    return d.decision(turn_id=turn.id, status="starting")
+
+
+def _record_tasks(d: _Draft, cmd: c.RecordTasks, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    running = list(thread.running_tasks)
+    for item in cmd.items:
+        _require(item.kind == "background_task", "invalid", f"item {item.id!r} is a {item.kind}, not a background task")
+        turn = d.turn(item.turn_id)
+        _require(turn.thread_id == thread.id, "conflict", f"turn {turn.id!r} is not in thread {thread.id!r}")
+        _upsert_item(d, item, turn)
+        if item.status == "running":
+            if item.id not in running:
+                running.append(item.id)
+        elif item.id in running:
+            running.remove(item.id)
+    running = running[-MAX_RUNNING_TASKS:]
+    thread = d.thread(thread.id)
+    if running != thread.running_tasks:
+        d.put(attrs.evolve(thread, running_tasks=running))
+    return d.decision(thread_id=thread.id, running_tasks=len(running))
+
+
+def _requeue_steer(d: _Draft, cmd: c.RequeueSteer, now: float) -> Decision:
+    thread = d.thread(cmd.thread_id)
+    existing = d.view.turn(cmd.turn_id)
+    if existing is not None:
+        return d.decision(turn_id=existing.id, status=existing.status)
+    item = d.get(TurnItem, cmd.item_id, d.view.item)
+    if item is not None:
+        note = "the turn ended before the agent got the message; it became turn " + cmd.turn_id
+        d.put(attrs.evolve(item, data={**(item.data or {}), "requeued_as": cmd.turn_id, "note": note}, updated_at=now))
+    if thread.archived_at is not None:
+        return d.decision(turn_id=None, status=None)
+    turn = _new_user_turn(d, thread, cmd.turn_id, cmd.text, now, data={"steered_into": item.turn_id if item else None})
+    return d.decision(turn_id=turn.id, status=turn.status)
 
 
 def _record_session(d: _Draft, cmd: c.RecordSession, now: float) -> Decision:
@@ -448,7 +686,9 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
         threads.add(turn.thread_id)
         if turn.thread_id in kept:
             continue  # its agent still runs it: the turn carries on
-        if turn.status in ACTIVE_TURN_STATUSES:
+        if turn.started_by == "provider" and turn.status == "queued":  # its agent is gone
+            _close_turn(d, turn, now, "cancelled", "the daemon restarted before this turn could start; its agent is gone", "server_restart")
+        elif turn.status in ACTIVE_TURN_STATUSES:
             _close_turn(
                 d,
                 turn,
@@ -464,6 +704,9 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
             continue
         if d.get(RuntimeRequest, request.id, d.view.request).status == "pending":
             d.put(attrs.evolve(request, status="expired", resolved_at=now))
+    for thread in d.view.threads_with_running_tasks():
+        if thread.id not in kept:  # their agent is gone, and its background tasks with it
+            _stop_tasks(d, thread, now, "the daemon restarted and the agent that ran this task is gone")
     for session in live.values():
         if session.id not in cmd.live_sessions:
             d.put(attrs.evolve(session, status="exited", exited_at=now))
@@ -471,6 +714,14 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
         _start_next_queued(d, thread_id, restart_held=True)
         d.refresh_thread_status(thread_id)
     return d.decision(threads=len(threads - kept))
+
+
+def _stop_tasks(d: _Draft, thread: Thread, now: float, why: str) -> None:
+    for item_id in thread.running_tasks:
+        item = d.get(TurnItem, item_id, d.view.item)
+        if item is not None and item.status == "running":
+            d.put(attrs.evolve(item, status="stopped", data={**(item.data or {}), "status": "stopped", "note": why}, updated_at=now))
+    d.put(attrs.evolve(d.thread(thread.id), running_tasks=[]))
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -577,6 +828,9 @@ _RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
     c.UnarchiveThread: _unarchive_thread,
     c.DeleteThread: _delete_thread,
     c.StartTurn: _start_turn,
+    c.EditTurn: _edit_turn,
+    c.MoveTurn: _move_turn,
+    c.CancelTurn: _cancel_turn,
     c.InterruptTurn: _interrupt_turn,
     c.RespondToRequest: _respond_to_request,
     c.HoldTurn: _hold_turn,
@@ -586,6 +840,10 @@ _RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
     c.OpenRequest: _open_request,
     c.FinishTurn: _finish_turn,
     c.RecordSession: _record_session,
+    c.OpenProviderTurn: _open_provider_turn,
+    c.ReleaseProviderTurn: _release_provider_turn,
+    c.RecordTasks: _record_tasks,
+    c.RequeueSteer: _requeue_steer,
     c.RecoverAfterRestart: _recover_after_restart,
     c.RecordCheckpoint: _record_checkpoint,
     c.MarkReverted: _mark_reverted,

@@ -78,6 +78,20 @@ class StartProviderTurn:
     turn_id: str
     text: str
     ordinal: int = 0  # the turn's ordinal (0 in effects stored before it was recorded)
+    # The provider started the turn itself (a wake): nothing is written to it; the effect
+    # only lets its session read on once admission has let the turn start.
+    provider_started: bool = False
+
+
+@attrs.frozen
+class SteerProviderTurn:
+    """Write a user message into the running turn ``turn_id`` (item ``item_id`` shows it)."""
+
+    thread_id: str
+    turn_id: str
+    item_id: str
+    steer_id: str  # the client's turn id for the message (it becomes that turn if it is late)
+    text: str
 
 
 @attrs.frozen
@@ -111,7 +125,14 @@ class CaptureCheckpoint:
     worktree: str  # the directory the turn ran in
 
 
-Effect = StartProviderTurn | InterruptProviderTurn | AnswerProviderRequest | StopProviderSession | CaptureCheckpoint
+Effect = (
+    StartProviderTurn
+    | SteerProviderTurn
+    | InterruptProviderTurn
+    | AnswerProviderRequest
+    | StopProviderSession
+    | CaptureCheckpoint
+)
 
 # Effects whose outbox row stays open until their work is finished, not just handed over
 # (the handler marks it done), so work cut short by a stop or crash runs again at start-up.

@@ -26,7 +26,15 @@ TERMINAL_TURN_STATUSES = frozenset({"completed", "interrupted", "failed", "cance
 ACTIVE_TURN_STATUSES = frozenset({"starting", "running", "waiting"})
 # Why a turn that could start is held back as ``queued`` by the daemon's admission
 # (not by its thread: ``thread_busy`` queues wait behind an open turn of their own).
-HOLD_REASONS = frozenset({"loop_saturated", "max_active_turns", "memory_pressure"})
+HOLD_REASONS = frozenset({"loop_saturated", "max_active_turns", "memory_pressure", "wake_throttled"})
+# Who started a turn: a client (``turn.start``) or the provider on its own (a background
+# task's notification woke the agent: a *wake*).
+TurnStarter = Literal["user", "provider"]
+# How ``turn.start`` delivers its text to a thread with a running turn: queued as the next
+# turn (the default), or steered into the running turn.
+DELIVERIES = ("queue", "steer")
+# Background task item ids a thread lists as still running (the oldest leave the list first).
+MAX_RUNNING_TASKS = 64
 
 ItemKind = Literal[
     "user_message",
@@ -40,8 +48,15 @@ ItemKind = Literal[
     "subagent",
     "checkpoint",
     "error",
+    # A background Bash command, background subagent or monitor the agent started: its
+    # status lives on after its turn ended (``running`` until the CLI reports its end).
+    "background_task",
+    # The first item of a turn the provider started: why it woke (e.g. a task's notification).
+    "wake",
 ]
-ItemStatus = Literal["streaming", "running", "completed", "failed", "pending", "allowed", "denied"]
+ItemStatus = Literal[
+    "streaming", "running", "completed", "failed", "pending", "allowed", "denied", "stopped"
+]
 
 RequestStatus = Literal["pending", "resolved", "expired", "cancelled"]
 Decision = Literal["allow", "allow_session", "deny", "cancel"]
@@ -75,6 +90,9 @@ class Thread:
     archived_at: float | None = None
     # Why the thread's next turn is held (status ``queued``): its turn's hold reason.
     queue_reason: str | None = None
+    # Item ids of the thread's background tasks still running (at most MAX_RUNNING_TASKS),
+    # whatever turn started them: what still runs after the thread's turns ended.
+    running_tasks: list[str] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -97,6 +115,12 @@ class Turn:
     reason: str | None = None
     # Set when the files were reverted to a checkpoint before this turn (checkpoint.revert).
     reverted_at: float | None = None
+    # ``provider``: the agent started this turn on its own (a wake), ``origin`` says why.
+    started_by: TurnStarter = "user"
+    # Why a provider-started turn began: ``{"kind": "task_notification", "tasks": [...]}``
+    # (the notifications that woke the agent), ``{"kind": "steered_message"}`` or
+    # ``{"kind": "unknown"}``; ``throttled_s`` when t3d held it back (a flood of wakes).
+    origin: JsonDict | None = None
 
     @property
     def terminal(self) -> bool:

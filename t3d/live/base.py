@@ -25,7 +25,7 @@ from t3d.store.commit import shell_payload
 from t3d.store.queries import ShellRaw, SnapshotRaw
 from t3d.store.replay import ShellReplayRaw, ThreadReplayRaw
 
-THREAD_LISTS = ("turns", "items", "requests")
+THREAD_LISTS = ("turns", "items", "requests", "tasks")
 SHELL_LISTS = ("projects", "threads")
 
 
@@ -64,6 +64,7 @@ def thread_parts(raw: SnapshotRaw) -> Parts | None:
         elements += [(1, summarize_payload(next(items))) for _ in range(count)]
         elements.append((0, summarize_payload(turn)))
     elements += [(2, summarize_payload(request)) for request in raw.requests]
+    elements += [(3, summarize_payload(task)) for task in raw.tasks]
     return Parts(head, THREAD_LISTS, tuple(elements))
 
 

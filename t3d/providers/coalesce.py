@@ -50,7 +50,7 @@ class ItemCoalescer:
         else:
             self._dirty.set()
 
-    async def commit(self, commit: Callable[[], Awaitable[None]]) -> None:
+    async def commit(self, commit: Callable[[], Awaitable[object]]) -> None:
         """Record everything pending, then run ``commit``, both under the lock."""
         async with self._lock:
             await self._flush_locked(due_only=False)

@@ -60,19 +60,22 @@ class WritePipeline:
         self._depth = depth
         self._in_flight: deque[tuple[c.Command, Outcome]] = deque()
 
-    async def write(self, command: c.Command) -> None:
+    async def write(self, command: c.Command) -> bool:
         """Write ``command`` after every earlier one: an update is handed over and not
-        waited for; a barrier waits for the updates before it, then for itself."""
+        waited for; a barrier waits for the updates before it, then for itself. False: the
+        domain refused the barrier (reported to ``on_rejected`` too)."""
         if isinstance(command, c.BATCHABLE):
             while len(self._in_flight) >= self._depth:
                 await self._collect_oldest()
             self._in_flight.append((command, await self._send(command)))
-            return
+            return True
         await self.drain()
         try:
             await self._record(command)
         except DomainError as exc:
             self._on_rejected(command, exc)
+            return False
+        return True
 
     async def drain(self) -> None:
         """Wait until every update handed over has committed."""

@@ -10,6 +10,8 @@ The child's ``meta`` is what the previous daemon last told the spawner (`Child.a
   here may or may not have reached the process; one not named here never did);
 - ``native_session_id``, ``cost_so_far``: the provider's session id and the running
   cost it had reported at the last turn's end.
+- ``steers`` (Claude): messages steered into that turn (each ends in a result of its own).
+  ``turn_id`` is None once a turn's end is acked: what follows is no turn's output yet.
 
 A provider's session may keep more there (Codex: the next JSON-RPC id, the open turn's
 turn/start id, the token total, the last finished turns).
@@ -46,6 +48,8 @@ class Reattach:
     # That turn's requests, whatever their status, and its committed items.
     requests: tuple[RuntimeRequest, ...] = ()
     items: tuple[TurnItem, ...] = ()
+    # The thread's background tasks still running (their items), whatever their turn.
+    tasks: tuple[TurnItem, ...] = ()
 
     @property
     def meta(self) -> dict[str, Any]:

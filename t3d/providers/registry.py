@@ -122,7 +122,7 @@ def launch(provider: str, settings: Settings, runtime_mode: str | None) -> Launc
 
 def open_session(
     spec: SessionSpec,
-    write: Callable[[c.Command], Awaitable[None]],
+    write: Callable[[c.Command], Awaitable[object]],
     spawner: Spawner,
     clock: Callable[[], float],
     settings: Settings,

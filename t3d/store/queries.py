@@ -63,6 +63,8 @@ class SnapshotRaw:
     has_more: bool
     # How many of ``items`` belong to each turn (parallel to ``turns``).
     turn_items: tuple[int, ...]
+    # The thread's background tasks still running (items of any of its turns).
+    tasks: list[bytes] = attrs.Factory(list)
 
 
 def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type: ignore[no-untyped-def]
@@ -119,9 +121,19 @@ def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type
             requests,
             lowest > 1,
             tuple(counts),
+            running_task_bodies(conn, thread[0]),
         )
 
     return query
+
+
+def running_task_bodies(conn: apsw.Connection, thread_body: bytes) -> list[bytes]:
+    """The items the thread lists as background tasks still running (point reads by id)."""
+    task_ids = orjson.loads(thread_body).get("running_tasks") or []
+    found = []
+    for item_id in task_ids:
+        found += _bodies(conn, "SELECT body FROM items WHERE id = ?", (item_id,))
+    return found
 
 
 def decode_snapshot(raw: SnapshotRaw) -> dict[str, Any] | None:
@@ -134,6 +146,7 @@ def decode_snapshot(raw: SnapshotRaw) -> dict[str, Any] | None:
         "turns": turns,
         "items": _loads(raw.items),
         "requests": _loads(raw.requests),
+        "tasks": _loads(raw.tasks),
         "has_more": raw.has_more,
         "before": turns[0]["ordinal"] if raw.has_more and turns else None,
     }
@@ -300,6 +313,7 @@ class ReattachRaw:
     user: bytes | None
     requests: list[bytes]
     items: list[bytes]
+    tasks: list[bytes] = attrs.Factory(list)
 
 
 def reattach_context_query(thread_id: str):  # type: ignore[no-untyped-def]
@@ -309,6 +323,7 @@ def reattach_context_query(thread_id: str):  # type: ignore[no-untyped-def]
 
     def query(conn: apsw.Connection) -> ReattachRaw:
         context = context_query(conn)
+        tasks = running_task_bodies(conn, context[0]) if context is not None else []
         turns = _bodies(
             conn,
             "SELECT body FROM turns WHERE thread_id = ? AND status IN ('starting', 'running', 'waiting') "
@@ -316,7 +331,7 @@ def reattach_context_query(thread_id: str):  # type: ignore[no-untyped-def]
             (thread_id,),
         )
         if not turns:
-            return ReattachRaw(context, None, None, [], [])
+            return ReattachRaw(context, None, None, [], [], tasks)
         turn_id = orjson.loads(turns[0])["id"]
         user = _bodies(conn, "SELECT body FROM items WHERE id = ?", (f"{turn_id}:user",))
         return ReattachRaw(
@@ -325,6 +340,7 @@ def reattach_context_query(thread_id: str):  # type: ignore[no-untyped-def]
             user[0] if user else None,
             _bodies(conn, "SELECT body FROM requests WHERE turn_id = ?", (turn_id,)),
             _bodies(conn, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,)),
+            tasks,
         )
 
     return query
@@ -339,6 +355,8 @@ class ReattachContext:
     user_text: str
     requests: tuple[RuntimeRequest, ...]
     items: tuple[TurnItem, ...]
+    # The thread's background tasks still running (their items), whatever turn they are in.
+    tasks: tuple[TurnItem, ...] = ()
 
 
 def decode_reattach_context(raw: ReattachRaw) -> ReattachContext | None:
@@ -354,4 +372,5 @@ def decode_reattach_context(raw: ReattachRaw) -> ReattachContext | None:
         user_text=user.get("text") or "",
         requests=tuple(converter.structure(orjson.loads(b), RuntimeRequest) for b in raw.requests),
         items=tuple(converter.structure(orjson.loads(b), TurnItem) for b in raw.items),
+        tasks=tuple(converter.structure(orjson.loads(b), TurnItem) for b in raw.tasks),
     )

@@ -58,6 +58,7 @@ EFFECT_TYPES: dict[str, type] = {
     cls.__name__: cls
     for cls in (
         ev.StartProviderTurn,
+        ev.SteerProviderTurn,
         ev.InterruptProviderTurn,
         ev.AnswerProviderRequest,
         ev.StopProviderSession,

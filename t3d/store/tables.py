@@ -121,13 +121,24 @@ class SqlView:
     def checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
         return self._one("SELECT body FROM checkpoints WHERE id = ?", (checkpoint_id,), decode_checkpoint)
 
+    def turns_from(self, thread_id: str, ordinal: int) -> list[Turn]:
+        return self._all(
+            "SELECT body FROM turns WHERE thread_id = ? AND ordinal >= ? ORDER BY ordinal", (thread_id, ordinal), decode_turn
+        )
+
+    def threads_with_running_tasks(self) -> list[Thread]:
+        # A scan of the threads, run once per start-up by restart recovery only.
+        return self._all(
+            "SELECT body FROM threads WHERE json_array_length(body, '$.running_tasks') > 0", (), decode_thread
+        )
+
 
 # Entity type -> (table, indexed columns kept beside ``body``, columns an update may change).
 # Columns named here are read from the entity's attribute of the same name.
 _TABLES: dict[type, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     Project: ("projects", ("path",), ("path",)),
     Thread: ("threads", ("project_id",), ()),
-    Turn: ("turns", ("thread_id", "ordinal", "status"), ("status",)),
+    Turn: ("turns", ("thread_id", "ordinal", "status"), ("ordinal", "status")),
     TurnItem: ("items", ("thread_id", "turn_id", "ordinal"), ("ordinal",)),
     RuntimeRequest: ("requests", ("thread_id", "turn_id", "status"), ("status",)),
     ProviderSession: ("sessions", ("thread_id", "status"), ("status",)),
@@ -154,8 +165,19 @@ _LARGE_UPSERTS = {kind: (_upsert_sql(*spec, body="zeroblob(?)"), spec[0]) for ki
 BLOB_PIECE_BYTES = 1 << 20
 
 
+def _park_ordinal(conn: apsw.Connection, turn: Turn) -> None:
+    """A queued turn moved (turn.move) takes another's ordinal: that one steps aside (a
+    negative ordinal) until its own event, in the same transaction, gives it its new one."""
+    conn.execute(
+        "UPDATE turns SET ordinal = -ordinal WHERE thread_id = ? AND ordinal = ? AND id != ?",
+        (turn.thread_id, turn.ordinal, turn.id),
+    )
+
+
 def _upsert(conn: apsw.Connection, entity: object, body: bytes) -> None:
     """Replace the entity's row (insert it if new: the count triggers fire only then)."""
+    if isinstance(entity, Turn) and entity.status == "queued":
+        _park_ordinal(conn, entity)
     keys = (entity.id, *(getattr(entity, c) for c in _UPSERTS[type(entity)][1]))  # type: ignore[attr-defined]
     if len(body) <= BLOB_PIECE_BYTES:
         conn.execute(_UPSERTS[type(entity)][0], (*keys, body))

@@ -21,11 +21,10 @@ import attrs
 
 from t3d.domain.model import ItemKind, ItemStatus, JsonDict, TurnItem
 from t3d.providers.claude import events as ce
-from t3d.providers.claude.protocol import final_error_text
+from t3d.providers.claude.protocol import NO_SUBTYPE, failure_reason, final_error_text
 
 RESULT_PREVIEW = 16 * 1024
-# The reason of a turn failed by a result line without a subtype.
-NO_SUBTYPE = "result_without_subtype"
+__all__ = ["NO_SUBTYPE", "TurnMapper"]
 
 
 @attrs.frozen
@@ -70,6 +69,18 @@ class TurnMapper:
         self._assistant_blocks: dict[str, int] = {}  # message id -> blocks seen on assistant lines
         self.interrupt_requested = False
         self.last_error: str | None = None
+        # The ``error`` of the CLI's synthetic failure line, if one came (auth, server...).
+        self.synthetic_error: str | None = None
+        # Messages steered into this turn whose own result is still to come: 2.1.197 runs a
+        # steered message after the running turn's result, so the turn goes on until then.
+        self.steers_pending = 0
+        # Started by a user message (a wake's own result carries its origin).
+        self.user_turn = True
+        self._results = 0
+        self._usage: JsonDict | None = None
+        # A turn the provider started that was cancelled before it could run: its output
+        # is read (to its result) but not recorded.
+        self.discard = False
 
     # --- items ---------------------------------------------------------------------
 
@@ -141,14 +152,14 @@ class TurnMapper:
             index = self._assistant_blocks.get(e.message_id, 0)
             self._assistant_blocks[e.message_id] = index + 1
             if isinstance(block, ce.TextBlock):
-                kind: ItemKind = "error" if e.synthetic and e.error else "assistant_message"
-                status: ItemStatus = "failed" if kind == "error" else "completed"
                 key = f"{e.message_id}:{index}"
                 changes.append(
-                    ItemChanged(self._item(key, kind, status=status, text=block.text), final=True)
+                    ItemChanged(self._item(key, "assistant_message", status="completed", text=block.text), final=True)
                 )
-                if kind == "error":
-                    self.last_error = block.text
+                if e.synthetic and e.error:  # the CLI's own words for a failure: shown, and an error
+                    self.last_error, self.synthetic_error = block.text, e.error
+                    error = self._item(f"{key}:error", "error", status="failed", text=block.text, data={"error": e.error})
+                    changes.append(ItemChanged(error, final=True))
             elif isinstance(block, ce.ThinkingBlock):
                 key = f"{e.message_id}:{index}"
                 changes.append(
@@ -209,8 +220,23 @@ class TurnMapper:
         )
         return [PermissionAsked(e.request_id, item, data)]
 
-    def _on_TurnResult(self, e: ce.TurnResult) -> list[Change]:
+    def _add_usage(self, e: ce.TurnResult) -> JsonDict:
         usage = attrs.asdict(e.usage)
+        if self._usage is not None:
+            usage = {key: self._usage.get(key, 0) + value for key, value in usage.items()}
+        self._usage = usage
+        return usage
+
+    def _on_TurnResult(self, e: ce.TurnResult) -> list[Change]:
+        self._results += 1
+        usage = self._add_usage(e)
+        if self.steers_pending and not self.interrupt_requested and e.terminal_reason != "aborted_streaming":
+            self.steers_pending -= 1  # the steered message runs next, in this same turn
+            return []
+        if e.origin_kind == "task-notification" and self.user_turn and not self.interrupt_requested:
+            # A wake the CLI ran before this turn's message (the message came as a task ended):
+            # shown in this turn, which goes on until its own result.
+            return []
         interrupted = e.terminal_reason == "aborted_streaming" or (
             self.interrupt_requested and e.subtype == "error_during_execution"
         )
@@ -225,9 +251,15 @@ class TurnMapper:
             return [TurnEnded("interrupted", error, "provider_aborted", usage, e.total_cost_usd)]
         if e.is_error or e.subtype != "success":
             error = final_error_text(e) or self.last_error or e.subtype
-            # The reason is a machine name, never empty (a bare result line has no subtype).
-            reason = e.subtype or NO_SUBTYPE
-            return [TurnEnded("failed", error, reason, usage, e.total_cost_usd)]
+            # A machine name, never empty and never "success" (an API error's subtype is).
+            reason = failure_reason(e, self.synthetic_error)
+            changes: list[Change] = []
+            if self.last_error is None and error:  # no synthetic line said it: the result does
+                key = f"result:{self._results}"
+                changes.append(ItemChanged(self._item(key, "assistant_message", status="completed", text=error), final=True))
+                data = {"subtype": e.subtype, "api_error_status": e.api_error_status, "errors": list(e.errors)}
+                changes.append(ItemChanged(self._item(f"{key}:error", "error", status="failed", text=error, data=data), final=True))
+            return [*changes, TurnEnded("failed", error, reason, usage, e.total_cost_usd)]
         return [TurnEnded("completed", None, None, usage, e.total_cost_usd)]
 
     def restore(self, items: tuple[TurnItem, ...]) -> None:

@@ -146,6 +146,56 @@ class SystemNotice:
     raw: JsonObject
 
 
+@attrs.frozen
+class TaskStarted:
+    """``system/task_started``: a task began (a subagent, a background Bash command, a monitor).
+
+    ``task_type`` is e.g. ``local_agent`` or ``local_bash``; ``tool_use_id`` names the tool
+    call that started it (an ``Agent`` or ``Bash`` call).
+    """
+
+    task_id: str
+    tool_use_id: str | None
+    task_type: str
+    description: str
+    subagent_type: str | None
+    prompt: str | None
+
+
+@attrs.frozen
+class TaskProgress:
+    """``system/task_progress``: what a running task does now (``description``, its last tool)."""
+
+    task_id: str
+    tool_use_id: str | None
+    description: str
+    last_tool_name: str | None
+    usage: JsonObject
+
+
+@attrs.frozen
+class TaskUpdated:
+    """``system/task_updated``: a change to a task's state; ``status`` from its ``patch``
+    (``completed``, ``failed``, ``killed``…) when the patch has one."""
+
+    task_id: str
+    status: str | None
+    patch: JsonObject
+
+
+@attrs.frozen
+class TaskNotification:
+    """``system/task_notification``: a task ended and the agent is told (it may wake up and
+    write a turn of its own). ``status`` is e.g. ``completed``, ``failed`` or ``stopped``."""
+
+    task_id: str
+    tool_use_id: str | None
+    status: str
+    summary: str
+    output_file: str | None
+    usage: JsonObject
+
+
 # -- stream_event lines (only with --include-partial-messages) ----------------
 
 
@@ -255,6 +305,8 @@ class UserMessage:
     tool_results: tuple[ToolResult, ...]
     text: str
     is_replay: bool
+    # On a subagent's prompt line: the subagent's type and task description.
+    subagent_type: str | None = None
 
 
 @attrs.frozen
@@ -281,6 +333,8 @@ class TurnResult:
     errors: tuple[str, ...]
     permission_denials: tuple[PermissionDenial, ...]
     result_index: int | None
+    # What started the turn when it was not a user message: ``task-notification`` (a wake).
+    origin_kind: str | None = None
 
 
 @attrs.frozen
@@ -311,6 +365,8 @@ class PermissionRequested:
     description: str | None
     blocked_path: str | None
     suggestions: tuple[JsonObject, ...]
+    # Set when the prompt comes from inside a subagent: the subagent's task id.
+    agent_id: str | None = None
 
 
 @attrs.frozen
@@ -365,6 +421,10 @@ ClaudeEvent: TypeAlias = (
     | StatusChanged
     | ApiRetry
     | SystemNotice
+    | TaskStarted
+    | TaskProgress
+    | TaskUpdated
+    | TaskNotification
     | MessageStarted
     | BlockStarted
     | TextDelta

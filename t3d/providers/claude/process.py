@@ -68,9 +68,19 @@ class ClaudeProcess:
         # (told to the spawner, for the next daemon: `Reattach`).
         self.turn_id: object = None
         self.turn_offset = 0
+        # Messages steered into that turn (each adds a result to wait for), and the offset
+        # where the next line starts (where a wake's output begins).
+        self.steers = 0
+        self.line_start = process.replay.start
         # Replayed lines ending at or before this offset are skipped (output from before
         # the open turn, or all of it between turns: `Reattach`).
         self.skip_until = -1
+        # Replayed lines are skipped through this many more results (the end of a turn that
+        # finished before the last daemon acked it).
+        self.skip_results = 0
+        # Where the first line left unrecorded while the session stopped begins (a wake): a
+        # detach acks no further, so the next daemon replays it.
+        self.dropped_at: int | None = None
         self._stderr_closed = trio.Event()
         # Set once the session has handled (recorded) this process's exit, or given up on it.
         self.exit_handled = trio.Event()

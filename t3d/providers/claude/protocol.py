@@ -24,6 +24,7 @@ Rules
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 
 import orjson
@@ -51,6 +52,10 @@ from t3d.providers.claude.events import (
     StatusChanged,
     SystemInit,
     SystemNotice,
+    TaskNotification,
+    TaskProgress,
+    TaskStarted,
+    TaskUpdated,
     TextBlock,
     TextDelta,
     ThinkingBlock,
@@ -196,7 +201,56 @@ def _parse_system(obj: JsonObject) -> ClaudeEvent:
         )
     if subtype is None:
         return Unknown("system", None, obj)
+    if subtype in _TASK_PARSERS:
+        if not _str(obj, "task_id"):
+            return Unknown("system", subtype, obj)  # no task to act on
+        return _TASK_PARSERS[subtype](obj)
     return SystemNotice(subtype, obj)
+
+
+def _parse_task_started(obj: JsonObject) -> ClaudeEvent:
+    return TaskStarted(
+        task_id=_str(obj, "task_id"),
+        tool_use_id=_opt_str(obj, "tool_use_id"),
+        task_type=_str(obj, "task_type"),
+        description=_str(obj, "description"),
+        subagent_type=_opt_str(obj, "subagent_type"),
+        prompt=_opt_str(obj, "prompt"),
+    )
+
+
+def _parse_task_progress(obj: JsonObject) -> ClaudeEvent:
+    return TaskProgress(
+        task_id=_str(obj, "task_id"),
+        tool_use_id=_opt_str(obj, "tool_use_id"),
+        description=_str(obj, "description"),
+        last_tool_name=_opt_str(obj, "last_tool_name"),
+        usage=_dict(obj, "usage"),
+    )
+
+
+def _parse_task_updated(obj: JsonObject) -> ClaudeEvent:
+    patch = _dict(obj, "patch")
+    return TaskUpdated(task_id=_str(obj, "task_id"), status=_opt_str(patch, "status"), patch=patch)
+
+
+def _parse_task_notification(obj: JsonObject) -> ClaudeEvent:
+    return TaskNotification(
+        task_id=_str(obj, "task_id"),
+        tool_use_id=_opt_str(obj, "tool_use_id"),
+        status=_str(obj, "status"),
+        summary=_str(obj, "summary"),
+        output_file=_opt_str(obj, "output_file") or None,
+        usage=_dict(obj, "usage"),
+    )
+
+
+_TASK_PARSERS: Mapping[str, Callable[[JsonObject], ClaudeEvent]] = {
+    "task_started": _parse_task_started,
+    "task_progress": _parse_task_progress,
+    "task_updated": _parse_task_updated,
+    "task_notification": _parse_task_notification,
+}
 
 
 def _parse_stream_event(obj: JsonObject) -> ClaudeEvent:
@@ -281,6 +335,7 @@ def _parse_user(obj: JsonObject) -> ClaudeEvent:
         ),
         text="\n".join(texts),
         is_replay=obj.get("isReplay") is True,
+        subagent_type=_opt_str(obj, "subagent_type"),
     )
 
 
@@ -313,6 +368,7 @@ def _parse_result(obj: JsonObject) -> ClaudeEvent:
             for denial in _dicts(obj, "permission_denials")
         ),
         result_index=_opt_int(obj, "result_index"),
+        origin_kind=_opt_str(_dict(obj, "origin"), "kind"),
     )
 
 
@@ -336,6 +392,7 @@ def _parse_control_request(obj: JsonObject) -> ClaudeEvent:
             description=_opt_str(request, "description"),
             blocked_path=_opt_str(request, "blocked_path"),
             suggestions=tuple(_dicts(request, "permission_suggestions")),
+            agent_id=_opt_str(request, "agent_id"),
         )
     return ControlRequested(request_id, subtype, obj)
 
@@ -396,3 +453,73 @@ def final_error_text(result: TurnResult) -> str | None:
     if result.result_text:
         return f"claude ended the turn with a result line that carries no subtype: {result.result_text[:500]}"
     return "claude ended the turn with a result line that carries no subtype or text"
+
+
+# -- why a turn failed --------------------------------------------------------------------
+
+# The reason of a turn failed by a result line without a subtype.
+NO_SUBTYPE = "result_without_subtype"
+_STATUS_IN_TEXT = re.compile(r"API Error: (?:Repeated )?(\d{3})\b")
+_TEXT_CATEGORIES = (
+    ("Not logged in", "auth_error"),
+    ("Invalid API key", "auth_error"),
+    ("Failed to authenticate", "auth_error"),
+    ("authentication", "auth_error"),
+    ("rate limit", "rate_limited"),
+    ("Overloaded", "overloaded"),
+    ("No conversation found", "session_not_found"),
+)
+# The ``error`` of a synthetic assistant line (PROTOCOLS.md §1.3) as a category.
+_SYNTHETIC_CATEGORIES = {
+    "authentication_failed": "auth_error",
+    "billing_error": "billing_error",
+    "rate_limit": "rate_limited",
+    "server_error": "server_error",
+    "invalid_request": "invalid_request",
+}
+
+
+def _status_category(status: int) -> str | None:
+    if status in (401, 403):
+        return "auth_error"
+    if status == 429:
+        return "rate_limited"
+    if status == 529:
+        return "overloaded"
+    if status >= 500:
+        return "server_error"
+    if status == 400:
+        return "invalid_request"
+    return None
+
+
+def failure_reason(result: TurnResult, synthetic_error: str | None = None) -> str:
+    """A machine name for a failed turn: its parts joined by ``:``, most specific first.
+
+    The parts are the result's subtype (left out when it is ``success``, as an API or auth
+    failure's is), ``api_error_<status>`` from ``api_error_status`` or the text (``API Error:
+    401 …``), and a category (``auth_error``, ``rate_limited``, ``overloaded``,
+    ``server_error``, ``invalid_request``, ``session_not_found``…) from the status, the
+    synthetic assistant line's ``error`` or the text: ``api_error_401:auth_error``,
+    ``error_during_execution:session_not_found``, ``error_max_turns``. Never ``success``,
+    never empty (`NO_SUBTYPE` for a result line without a subtype).
+    """
+    text = " ".join(filter(None, (result.result_text, *result.errors)))
+    parts = []
+    if not result.subtype:
+        parts.append(NO_SUBTYPE)
+    elif result.subtype != "success":
+        parts.append(result.subtype)
+    status = result.api_error_status
+    if status is None and (found := _STATUS_IN_TEXT.search(text)):
+        status = int(found.group(1))
+    if status is not None:
+        parts.append(f"api_error_{status}")
+    category = _status_category(status) if status is not None else None
+    category = category or _SYNTHETIC_CATEGORIES.get(synthetic_error or "")
+    if category is None:
+        lowered = text.lower()
+        category = next((c for needle, c in _TEXT_CATEGORIES if needle.lower() in lowered), None)
+    if category is not None and category not in parts:
+        parts.append(category)
+    return ":".join(parts) or "error_result"

@@ -11,6 +11,9 @@ Rules:
 - A replay that lost the turn's start reads on from the live point, from the committed
   items, with an error item in the turn saying what was lost.
 - The open turn is another one: it never reached the process; it is started as usual.
+- Between turns, what the process wrote after the last ack is new (a wake, task lines) and
+  is read like live output, except the end of a turn the database has finished already
+  (the daemon stopped before it acked that end): skipped through its result(s).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from t3d.errors import ProviderError
 from t3d.providers.claude.adapter import TurnMapper
 from t3d.providers.claude.encode import encode_answer
 from t3d.providers.claude.process import ClaudeProcess
+from t3d.providers.claude.tasks import TaskTracker
 from t3d.providers.reattach import Reattach
 
 if TYPE_CHECKING:
@@ -58,6 +62,7 @@ class ResumeAfterRestart:
     _commit: Callable[[c.Command], Awaitable[None]]
     _send: Callable[[bytes], Awaitable[None]]
     _start_turn: Callable[[trio.Nursery, ev.StartProviderTurn], Awaitable[None]]
+    _tasks: TaskTracker
     _escalate_interrupt: Callable[[TurnMapper, ClaudeProcess], Awaitable[None]]
 
     def __init__(self) -> None:
@@ -77,12 +82,17 @@ class ResumeAfterRestart:
         native = meta.get("native_session_id")
         self._native_seen = native if isinstance(native, str) else None
         proc.turn_id, proc.turn_offset = meta.get("turn_id"), reattach.turn_offset
+        steers = meta.get("steers")
+        proc.steers = steers if isinstance(steers, int) and not isinstance(steers, bool) and steers > 0 else 0
         self._proc = proc
+        self._tasks.restore(reattach.tasks)
         turn = reattach.turn
         if turn is not None and reattach.same_turn:
             self._resume_turn(reattach, proc)
-        else:  # between turns, or the open turn never reached the process: skip the replay
-            proc.skip_until = child.replay.end
+        elif meta.get("turn_id") is not None:
+            # The turn named finished (the database says so) but its end was not acked: its
+            # output is in the replay; what follows its result(s) is new.
+            proc.skip_results = 1 + proc.steers
         log.info(
             "thread %s: reattached to its %s process (pid %d), %d bytes to replay%s",
             self.spec.thread_id, self.spec.provider, child.pid, child.replay.end - child.replay.start,
@@ -94,6 +104,12 @@ class ResumeAfterRestart:
         await self._flush_held()
         self._idle_since = trio.current_time()
         if turn is None:
+            return
+        if not reattach.same_turn and turn.started_by == "provider":
+            # Opened by the last daemon, which stopped before telling the spawner: its output,
+            # if any, was replayed above as a turn of its own.
+            error = "the daemon restarted as this turn began; its output is in the next turn"
+            await self._commit(c.FinishTurn(turn.id, "cancelled", error, "server_restart"))
             return
         if not reattach.same_turn:
             text = reattach.user_text
@@ -112,6 +128,8 @@ class ResumeAfterRestart:
         assert turn is not None
         mapper = TurnMapper(self.spec.thread_id, turn.id, self._clock)
         mapper.interrupt_requested = turn.interrupt_requested_at is not None
+        mapper.steers_pending = proc.steers  # the replay passes their results again
+        mapper.user_turn = turn.started_by == "user"
         self._turn = mapper
         self._known_turns.append(turn.id)
         self._quiet_since = trio.current_time()

@@ -28,6 +28,9 @@ Rules:
   upserts make what was committed already a no-op), writing item states only once
   per item until the replay is through, re-sends an answer the CLI may not have
   received, and reads on live.
+- Output with no turn open (a background task woke the agent) opens a turn started by
+  the provider; task lines keep background task items; a steered message is written at
+  once (`BackgroundWork`, background.py).
 - Bad provider lines are logged rate-limited (`LogLimiter`).
 """
 
@@ -58,6 +61,7 @@ from t3d.providers.claude.adapter import (
     TurnEnded,
     TurnMapper,
 )
+from t3d.providers.claude.background import BackgroundWork, opens_turn, subagent_of
 from t3d.providers.claude.encode import (
     build_argv,
     encode_answer,
@@ -68,6 +72,7 @@ from t3d.providers.claude.encode import (
 from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import parse_line
 from t3d.providers.claude.resume import ResumeAfterRestart
+from t3d.providers.claude.tasks import TASK_EVENTS
 from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
@@ -111,16 +116,18 @@ class SessionSpec:
     silence_timeout: float = 0.0
 
 
-class ClaudeSession(ResumeAfterRestart):
+class ClaudeSession(ResumeAfterRestart, BackgroundWork):
     def __init__(
         self,
         spec: SessionSpec,
-        write: Callable[[c.Command], Awaitable[None]],
+        write: Callable[[c.Command], Awaitable[object]],
         spawner: Spawner,
         clock: Callable[[], float],
     ) -> None:
-        super().__init__()
         self.spec = spec
+        self._clock = clock
+        ResumeAfterRestart.__init__(self)
+        BackgroundWork.__init__(self)
         # Every write of this session, in order (a `WritePipeline`: updates are not waited
         # for one by one; a turn's end or a request waits for the updates before it).
         self._write = write
@@ -141,6 +148,9 @@ class ClaudeSession(ResumeAfterRestart):
         # Since when the running turn has waited for the provider (silence timeout).
         self._quiet_since = math.inf
         self._detaching = False
+        # The session is ending (stopped, detached, cancelled): output that would open a turn
+        # is not recorded now (a detached agent's is the next daemon's to replay).
+        self._stopping = False
         self._inbox_scope = trio.CancelScope()
         # Asked when the session is cancelled (the daemon is stopping): leave the process
         # running for the next daemon (if it can outlive this one) instead of stopping it.
@@ -162,6 +172,8 @@ class ClaudeSession(ResumeAfterRestart):
                     async for effect in inbox:
                         if isinstance(effect, ev.StartProviderTurn):
                             await self._start_turn(nursery, effect)
+                        elif isinstance(effect, ev.SteerProviderTurn):
+                            await self._steer(effect)
                         elif isinstance(effect, ev.InterruptProviderTurn):
                             await self._interrupt(nursery, effect)
                         elif isinstance(effect, ev.AnswerProviderRequest):
@@ -173,6 +185,7 @@ class ClaudeSession(ResumeAfterRestart):
                     self._detaching = True
                 raise
             finally:
+                self._stopping = True  # no wake opens from here on (`_on_line`)
                 proc = self._proc
                 if proc is not None and self._detaching:
                     await self._let_go(proc)
@@ -197,22 +210,35 @@ class ClaudeSession(ResumeAfterRestart):
             await proc.output.stop()
             await proc.exit_handled.wait()
             if self._turn is None:  # between turns everything read is settled: no replay
+                settled = proc.output.offset if proc.dropped_at is None else proc.dropped_at
                 with contextlib.suppress(SpawnerError):
-                    await proc.process.ack(proc.output.offset, self._meta(proc))
+                    await proc.process.ack(settled, self._meta(proc))
         proc.process.detach()
         log.info("thread %s: left its %s process (pid %d) running", self.spec.thread_id, self.spec.provider, proc.process.pid)
 
+    async def admit(self, effect: ev.StartProviderTurn) -> bool:
+        """A turn the provider started may run (admission let it): no prompt is written.
+        Called by the supervisor directly, not through the inbox, so a reader waiting for it
+        never waits behind the inbox. False: this session never opened that turn."""
+        if effect.turn_id not in self._known_turns:
+            return False
+        self._admit_wake(effect.turn_id)
+        return True
+
     async def _start_turn(self, nursery: trio.Nursery, effect: ev.StartProviderTurn) -> None:
+        if effect.provider_started:  # a wake's admission (normally through `admit`)
+            self._admit_wake(effect.turn_id)
+            return
         if effect.turn_id in self._known_turns:  # started already (an effect of the last daemon)
             return
+        if self._turn is not None:
+            # The provider started a turn of its own before this one reached it: the domain
+            # put this one back in the queue, and starts it again after that turn's end.
+            log.info("thread %s: turn %s waits for the provider's own turn %s", self.spec.thread_id, effect.turn_id, self._turn.turn_id)
+            return
         self._known_turns.append(effect.turn_id)
-        if self._turn is not None:  # the domain runs one turn at a time; never overlap
-            log.warning(
-                "thread %s: turn %s started while %s runs",
-                self.spec.thread_id,
-                effect.turn_id,
-                self._turn.turn_id,
-            )
+        self._tasks.clear_wake()
+        self._tasks.last_turn_id = effect.turn_id
         self._turn = TurnMapper(self.spec.thread_id, effect.turn_id, self._clock)
         self._quiet_since = trio.current_time()
         if self.spec.before_turn is not None:  # the checkpoint baseline: before any edit
@@ -225,7 +251,7 @@ class ClaudeSession(ResumeAfterRestart):
             # output is for and writing the prompt (the next daemon trusts the first).
             with trio.CancelScope(shield=True):
                 offset = proc.output.offset
-                proc.turn_id, proc.turn_offset = effect.turn_id, offset
+                proc.turn_id, proc.turn_offset, proc.steers = effect.turn_id, offset, 0
                 await proc.process.ack(offset, self._meta(proc))
                 await self._send(encode_user_message(effect.text, self._native_seen or ""))
         except (SpawnerError, ProviderError) as exc:
@@ -241,6 +267,7 @@ class ClaudeSession(ResumeAfterRestart):
         turn = self._turn
         if turn is None or turn.turn_id != effect.turn_id or self._proc is None:
             return
+        self._cancel_wake(effect.turn_id)  # cancelled while it waited to start
         turn.interrupt_requested = True
         self._control_ids += 1
         # If the process is going away, its exit ends the turn.
@@ -275,6 +302,8 @@ class ClaudeSession(ResumeAfterRestart):
         if proc is None:
             return None
         proc.force_stopped = True
+        if self._pending_wake is not None:  # its reader waits for admission: let it read the end
+            self._wake_admitted.set()
         code = await stop_child(proc.process, grace=grace)
         with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
             await proc.exit_handled.wait()
@@ -308,6 +337,7 @@ class ClaudeSession(ResumeAfterRestart):
             "turn_offset": proc.turn_offset,
             "native_session_id": self._native_seen,
             "cost_so_far": proc.cost_so_far,
+            "steers": proc.steers,
         }
 
     async def _start_process(self, nursery: trio.Nursery) -> ClaudeProcess:
@@ -352,6 +382,8 @@ class ClaudeSession(ResumeAfterRestart):
             idle_for = trio.current_time() - self._idle_since
             if proc is None or self._turn is not None or idle_for < self.spec.idle_timeout:
                 continue
+            if self._tasks.running():  # its background work would die with it
+                continue
             log.info(
                 "thread %s: stopping its idle %s process", self.spec.thread_id, self.spec.provider
             )
@@ -366,7 +398,7 @@ class ClaudeSession(ResumeAfterRestart):
         while True:
             await trio.sleep(min(timeout / 4, 30.0))
             proc, turn = self._proc, self._turn
-            if proc is None or turn is None or self._requests or proc.silenced:
+            if proc is None or turn is None or self._requests or proc.silenced or self._pending_wake:
                 continue
             quiet = trio.current_time() - max(proc.output.last_output, self._quiet_since)
             if quiet < timeout:
@@ -400,6 +432,7 @@ class ClaudeSession(ResumeAfterRestart):
         )
         if ended is not None:
             await self._end_turn(ended)
+        await self._stop_tasks(f"{self.spec.provider}'s process exited (status {code}), and its background tasks with it")
 
     async def _record_session(
         self,
@@ -427,6 +460,7 @@ class ClaudeSession(ResumeAfterRestart):
     # --- lines → domain ------------------------------------------------------------------
 
     async def _on_line(self, proc: ClaudeProcess, line: bytes | LineTooLong) -> None:
+        line_start, proc.line_start = proc.line_start, proc.output.offset
         if proc.output.offset <= proc.skip_until:
             return  # replayed output from before the turn (or all of it, between turns)
         if isinstance(line, LineTooLong):
@@ -442,6 +476,10 @@ class ClaudeSession(ResumeAfterRestart):
         except ProtocolError as exc:
             self._warnings.warning(f"ignored a provider line: {exc}")
             return
+        if proc.skip_results:  # the end of a turn recorded already (`Reattach`)
+            if isinstance(event, ce.TurnResult):
+                proc.skip_results -= 1
+            return
         if isinstance(
             event, ce.ControlRequested
         ):  # a request we do not serve: answer so it never hangs
@@ -449,14 +487,36 @@ class ClaudeSession(ResumeAfterRestart):
                 encode_control_error(event.request_id, f"t3d does not support {event.subtype!r}")
             )
             return
-        if self._turn is None:
+        if isinstance(event, TASK_EVENTS):
+            await self._on_task(event)
             return
+        parent = subagent_of(event)
+        if parent is not None and await self._on_subagent_line(event, parent):
+            return
+        if self._turn is None:
+            if not opens_turn(event):
+                return
+            if self._stopping:
+                if proc.dropped_at is None:  # not acked at detach: the next daemon replays it
+                    proc.dropped_at = line_start
+                    log.info("thread %s: %s wrote a turn of its own while the session stops; not recorded now", self.spec.thread_id, self.spec.provider)
+                return
+            await self._open_wake(proc, line_start)
+            if self._turn is None:
+                return
+        turn = self._turn
+        if isinstance(event, ce.AssistantMessage):
+            for block in event.blocks:
+                if isinstance(block, ce.ToolUseBlock):
+                    self._tasks.see_tool(turn.turn_id, block, parent)
         replaying = proc.output.replaying
         if replaying and isinstance(event, ce.UserMessage):
             self._progressed.update(result.tool_use_id for result in event.tool_results)
         elif not replaying and self._held:
             await self._flush_held()
-        for change in self._turn.feed(event):
+        for change in turn.feed(event):
+            if turn.discard and not isinstance(change, TurnEnded):
+                continue  # a turn cancelled before it started: read to its end, not recorded
             await self._apply(change, replaying=replaying)
 
     async def _send_quietly(self, line: bytes) -> None:
@@ -504,6 +564,12 @@ class ClaudeSession(ResumeAfterRestart):
         turn = self._turn
         if turn is None:
             return
+        if turn.steers_pending and ended.status != "completed":
+            self._orphan_steers += turn.steers_pending  # the CLI may still run them
+        if turn.discard:  # cancelled before it started: its end is recorded already
+            self._turn_over(turn)
+            await self._ack_end(turn, acked)
+            return
         proc = self._proc
         cost = None
         if ended.total_cost_usd is not None and proc is not None:  # the CLI reports a running total
@@ -524,24 +590,49 @@ class ClaudeSession(ResumeAfterRestart):
         self._items.forget(item.id for item in closing)
         if closing:
             await self._commit(c.RecordItems(turn.turn_id, closing))
+        # Over before its end commits: the next turn may start as soon as it has (the
+        # commit starts it), and must find the session free.
+        self._turn_over(turn)
         await self._commit(
             c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, cost)
         )
-        self._turn = None
+        await self._ack_end(turn, acked)
+
+    def _turn_over(self, turn: TurnMapper) -> None:
+        if self._turn is turn:
+            self._turn = None
         self._idle_since = trio.current_time()
         self._requests.clear()
         self._progressed.clear()
         self._items.reset()
         self._warnings.flush()
-        if acked and proc is not None:
-            with contextlib.suppress(SpawnerError):
-                await proc.process.ack(proc.output.offset, self._meta(proc))
+
+    async def _ack_end(self, turn: TurnMapper, acked: bool) -> None:
+        """The CLI ended the turn and its end has committed: its output is settled, unless
+        the next turn took the process over meanwhile (its own ack settles it)."""
+        proc = self._proc
+        if not acked or proc is None or proc.turn_id != turn.turn_id:
+            return
+        # Between turns now: what follows in the output is no turn's (a wake, if any).
+        proc.turn_id, proc.turn_offset, proc.steers = None, proc.output.offset, 0
+        with contextlib.suppress(SpawnerError):
+            await proc.process.ack(proc.output.offset, self._meta(proc))
 
     # --- commits ---------------------------------------------------------------------------
 
     async def _commit(self, command: c.Command) -> None:
         """Write after every pending streaming update (`ItemCoalescer.commit`)."""
         await self._items.commit(functools.partial(self._write, command))
+
+    async def _commit_checked(self, command: c.Command) -> bool:
+        """`_commit`, and whether the domain took it (False: refused, e.g. archived)."""
+        taken: list[object] = []
+
+        async def write() -> None:
+            taken.append(await self._write(command))
+
+        await self._items.commit(write)
+        return taken[0] is not False
 
     async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
         await self._write(c.RecordItems(turn_id, items))

@@ -116,6 +116,16 @@ def turn_interrupt_params(thread_id: str, turn_id: str) -> JsonObject:
     return {"threadId": thread_id, "turnId": turn_id}
 
 
+def turn_steer_params(thread_id: str, turn_id: str, text: str) -> JsonObject:
+    """``turn/steer``: more input for the running turn ``turn_id`` (Codex refuses it when
+    another turn, or none, is running: ``expectedTurnId`` is its precondition)."""
+    return {
+        "threadId": thread_id,
+        "expectedTurnId": turn_id,
+        "input": [{"type": "text", "text": text, "text_elements": []}],
+    }
+
+
 # -- approvals ----------------------------------------------------------------------------------
 
 _DECISIONS: Mapping[str, str] = {

@@ -70,7 +70,7 @@ class CodexSession(ResumeAfterRestart):
     def __init__(
         self,
         spec: SessionSpec,
-        write: Callable[[c.Command], Awaitable[None]],
+        write: Callable[[c.Command], Awaitable[object]],
         spawner: Spawner,
         clock: Callable[[], float],
         *,
@@ -120,6 +120,8 @@ class CodexSession(ResumeAfterRestart):
                     async for effect in inbox:
                         if isinstance(effect, ev.StartProviderTurn):
                             await self._start_turn(nursery, effect)
+                        elif isinstance(effect, ev.SteerProviderTurn):
+                            await self._steer(effect)
                         elif isinstance(effect, ev.InterruptProviderTurn):
                             await self._interrupt(nursery, effect)
                         elif isinstance(effect, ev.AnswerProviderRequest):

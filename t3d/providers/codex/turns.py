@@ -52,6 +52,7 @@ from t3d.providers.codex.encode import (
     encode_result,
     turn_interrupt_params,
     turn_start_params,
+    turn_steer_params,
 )
 from t3d.providers.codex.peer import CodexPeer, CodexRefused
 from t3d.providers.codex.process import AppServer
@@ -68,7 +69,7 @@ HELD_BATCH = 64
 class TurnDriver(AppServer):
     """Turns and lines of `CodexSession` (state is set up by its ``__init__``)."""
 
-    _write: Callable[[c.Command], Awaitable[None]]
+    _write: Callable[[c.Command], Awaitable[object]]
     _retry_timeout: float
     _requests: dict[str, ce.ApprovalRequested]
     _deferred: dict[ce.RequestId, bytes]
@@ -144,6 +145,19 @@ class TurnDriver(AppServer):
             await self._tell_spawner(peer, peer.proc.turn_offset)  # the next daemon counts on from here
             # If the process is going away, its exit ends the turn.
             await peer.notify(request_id, "turn/interrupt", params)
+
+    async def _steer(self, effect: ev.SteerProviderTurn) -> None:
+        """``turn/steer`` into the running turn; a turn that ended (or that Codex has not
+        named yet, or refuses it for) gets the message as a turn of its own instead."""
+        turn, peer = self._turn, self._peer
+        if turn is not None and turn.turn_id == effect.turn_id and turn.codex_turn_id and peer is not None and peer.thread_id:
+            params = turn_steer_params(peer.thread_id, turn.codex_turn_id, effect.text)
+            try:
+                await peer.call("turn/steer", params)
+                return
+            except ProviderError as exc:
+                log.info("%s: turn/steer refused (%s); the message is a turn of its own", self._tag, exc)
+        await self._commit(c.RequeueSteer(self.spec.thread_id, effect.item_id, effect.steer_id, effect.text))
 
     async def _escalate_interrupt(self, turn: TurnMapper, peer: CodexPeer) -> None:
         await trio.sleep(self.spec.interrupt_timeout)
