@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from harness import FIXTURES, http, new_thread, open_client, run_turn, start_daemon
+from harness import FIXTURES, http, new_thread, open_client, run_turn, start_daemon, wait_until
+from test_pressure import use_psi
 
 from t3d.domain import commands as c
 from t3d.domain.decide import decide
@@ -67,7 +68,9 @@ async def read_until(client: Any, seen: list[Json], done: Any) -> None:
         await client.wait_event(lambda d: True)
 
 
-async def test_a_user_turn_waits_for_a_wake_and_the_wakes_prompt_is_answered(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_a_user_turn_waits_for_a_wake_and_the_wakes_prompt_is_answered(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     """A wake that stops on a permission prompt is a turn like any other: the thread is
     waiting, the prompt is answered through request.respond and reaches the CLI once; a user
     turn sent meanwhile is queued behind the wake and starts after its result."""
@@ -83,8 +86,12 @@ async def test_a_user_turn_waits_for_a_wake_and_the_wakes_prompt_is_answered(tmp
         async with open_client(daemon) as client:
             seen = client.record_events()
             thread_id = await new_thread(client, project)
-            assert (await run_turn(client, thread_id, "Please run BGBASH now")).turn["status"] == "completed"
-            await read_until(client, seen, lambda: any(t["status"] == "waiting" for t in project_turns(seen)))
+            assert (await run_turn(client, thread_id, "Please run BGBASH now")).turn[
+                "status"
+            ] == "completed"
+            await read_until(
+                client, seen, lambda: any(t["status"] == "waiting" for t in project_turns(seen))
+            )
             [wake] = [t for t in project_turns(seen) if t["started_by"] == "provider"]
             assert wake["status"] == "waiting"
             queued = await client.call("turn.start", thread_id=thread_id, text="Say ok")
@@ -92,7 +99,11 @@ async def test_a_user_turn_waits_for_a_wake_and_the_wakes_prompt_is_answered(tmp
             request = next(d["entity"] for d in seen if d["kind"] == "request.updated")
             assert request["turn_id"] == wake["id"]
             await client.call("request.respond", request_id=request["id"], decision="allow")
-            await read_until(client, seen, lambda: sum(t["status"] == "completed" for t in project_turns(seen)) == 3)
+            await read_until(
+                client,
+                seen,
+                lambda: sum(t["status"] == "completed" for t in project_turns(seen)) == 3,
+            )
             turns = project_turns(seen)
             assert [t["started_by"] for t in turns] == ["user", "provider", "user"]
             assert turns[1]["completed_at"] <= turns[2]["started_at"]
@@ -100,7 +111,9 @@ async def test_a_user_turn_waits_for_a_wake_and_the_wakes_prompt_is_answered(tmp
         daemon.stop()
 
 
-async def test_an_agent_that_wakes_itself_in_a_loop_is_throttled(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_an_agent_that_wakes_itself_in_a_loop_is_throttled(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     """A provider that keeps waking itself: the first WAKE_BURST wakes run, the next waits
     queued (wake_throttled, its origin saying for how long) and the thread says so; a
     throttled wake can be cancelled (its agent is interrupted), the daemon stays healthy."""
@@ -121,7 +134,9 @@ async def test_an_agent_that_wakes_itself_in_a_loop_is_throttled(tmp_path: Path,
             def thread() -> Json:
                 return [d["entity"] for d in seen if d["kind"] == "thread.updated"][-1]
 
-            await read_until(client, seen, lambda: bool(throttled()) and thread()["status"] == "queued")
+            await read_until(
+                client, seen, lambda: bool(throttled()) and thread()["status"] == "queued"
+            )
             turns = project_turns(seen)
             wakes = [t for t in turns if t["started_by"] == "provider"]
             assert [t["status"] for t in wakes[:WAKE_BURST]] == ["completed"] * WAKE_BURST
@@ -131,28 +146,62 @@ async def test_an_agent_that_wakes_itself_in_a_loop_is_throttled(tmp_path: Path,
             cancelled = await client.call("turn.cancel", turn_id=held["id"])
             assert cancelled["status"] == "cancelled"
             # The agent goes on waking itself: its next wake is held back too.
-            await read_until(client, seen, lambda: any(t["id"] != held["id"] for t in throttled() if t["status"] == "queued"))
+            await read_until(
+                client,
+                seen,
+                lambda: any(t["id"] != held["id"] for t in throttled() if t["status"] == "queued"),
+            )
             status, _ = await http(daemon, "GET", "/api/health", token=False)
             assert status == 200
             final = {t["id"]: t for t in project_turns(seen)}
-            assert (final[held["id"]]["status"], final[held["id"]]["reason"]) == ("cancelled", "cancelled_by_user")
+            assert (final[held["id"]]["status"], final[held["id"]]["reason"]) == (
+                "cancelled",
+                "cancelled_by_user",
+            )
         daemon.stop()
 
 
 def task_line(subtype: str, task_id: str, session: str, **fields: Any) -> str:
-    return json.dumps({"type": "system", "subtype": subtype, "task_id": task_id, **fields, "session_id": session, "uuid": f"u-{task_id}-{subtype}"})
+    return json.dumps(
+        {
+            "type": "system",
+            "subtype": subtype,
+            "task_id": task_id,
+            **fields,
+            "session_id": session,
+            "uuid": f"u-{task_id}-{subtype}",
+        }
+    )
 
 
-async def test_task_lines_naming_no_known_task_are_recorded_clearly(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_task_lines_naming_no_known_task_are_recorded_clearly(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     """task_updated / task_notification for tasks never started (mid-turn, and after the
     turn's result): each becomes a background task item saying so, in the turn or the last
     one, without a wake of its own; a task line without a task id is ignored; the turns are
     unharmed."""
     head, read_turn, edit = segments(MULTITURN)[:3]
-    session = next(json.loads(line)["session_id"] for line in read_turn if '"session_id"' in line and not line.startswith(">>> "))
+    session = next(
+        json.loads(line)["session_id"]
+        for line in read_turn
+        if '"session_id"' in line and not line.startswith(">>> ")
+    )
     turn, _ = after_result(read_turn)
-    mid = [task_line("task_updated", "ghost-1", session, patch={"status": "completed"}), task_line("task_progress", "", session)]
-    after = [task_line("task_notification", "ghost-2", session, tool_use_id="toolu_nowhere", status="failed", summary="a ghost failed")]
+    mid = [
+        task_line("task_updated", "ghost-1", session, patch={"status": "completed"}),
+        task_line("task_progress", "", session),
+    ]
+    after = [
+        task_line(
+            "task_notification",
+            "ghost-2",
+            session,
+            tool_use_id="toolu_nowhere",
+            status="failed",
+            summary="a ghost failed",
+        )
+    ]
     fixture = write(tmp_path / "ghosts.jsonl", [*head, *turn[:5], *mid, *turn[5:], *after, *edit])
     project = project_dir(tmp_path)
     with trio.fail_after(30):
@@ -162,11 +211,24 @@ async def test_task_lines_naming_no_known_task_are_recorded_clearly(tmp_path: Pa
             thread_id = await new_thread(client, project)
             first = await run_turn(client, thread_id, "Please READ notes.txt")
             assert first.turn["status"] == "completed"
-            await read_until(client, seen, lambda: sum(d["entity"].get("kind") == "background_task" for d in seen if d["kind"] == "item.updated") >= 2)
+            await read_until(
+                client,
+                seen,
+                lambda: (
+                    sum(
+                        d["entity"].get("kind") == "background_task"
+                        for d in seen
+                        if d["kind"] == "item.updated"
+                    )
+                    >= 2
+                ),
+            )
             second = await run_turn(client, thread_id, "Now EDIT notes.txt")
             assert second.turn["status"] == "completed"
             snapshot = await client.call("thread.snapshot", thread_id=thread_id)
-        tasks = {i["data"]["task_id"]: i for i in snapshot["items"] if i["kind"] == "background_task"}
+        tasks = {
+            i["data"]["task_id"]: i for i in snapshot["items"] if i["kind"] == "background_task"
+        }
         assert sorted(tasks) == ["ghost-1", "ghost-2"]
         assert {i["turn_id"] for i in tasks.values()} == {first.turn["id"]}
         assert (tasks["ghost-1"]["status"], tasks["ghost-2"]["status"]) == ("completed", "failed")
@@ -184,7 +246,9 @@ async def test_a_wake_while_the_daemon_stops_its_agents_leaves_nothing_open(tmp_
     state = tmp_path / "state"
     with trio.fail_after(40):
         async with trio.open_nursery() as first:
-            daemon = await start_daemon(first, state, replay_fixture=str(BASH_WAKE), replay_speed=0.2)
+            daemon = await start_daemon(
+                first, state, replay_fixture=str(BASH_WAKE), replay_speed=0.2
+            )
             async with open_client(daemon) as client:
                 thread_id = await new_thread(client, project)
                 before = await run_turn(client, thread_id, "Please run BGBASH now")
@@ -232,3 +296,69 @@ async def test_a_steer_into_a_turn_that_just_ended_becomes_a_turn_of_its_own() -
     assert (state.turns["s1"].status, state.turns["s1"].ordinal) == ("starting", 2)
     assert state.items["s1:user"].text == "also this"
     assert state.items["u-ended:steer:s1"].data["requeued_as"] == "s1"  # type: ignore[index]
+
+
+async def test_a_wake_under_memory_pressure_waits_for_admission_like_any_turn(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Severe memory pressure begins after a turn that left a background command running: the
+    wake its end brings is held queued (memory_pressure) and its agent writes nothing into it
+    meanwhile; once the pressure clears it is admitted, runs, and ends with its result."""
+    root = tmp_path / "psi"
+    use_psi(root, "calm.txt")
+    project = project_dir(tmp_path)
+    with trio.fail_after(90):
+        # At a fifth of the recorded pace the wake comes ~9 s after the first turn's result.
+        daemon = await start_daemon(
+            nursery,
+            tmp_path / "state",
+            replay_fixture=str(BASH_WAKE),
+            replay_speed=0.2,
+            psi_root=str(root),
+            pressure_interval=0.2,
+            pressure_admission="on",
+        )
+        async with open_client(daemon) as client:
+            seen = client.record_events()
+            thread_id = await new_thread(client, project)
+            first = await run_turn(client, thread_id, "Please run BGBASH now")
+            assert first.turn["status"] == "completed"
+            use_psi(root, "host_severe.txt")
+
+            async def severe() -> bool:
+                _, health = await http(daemon, "GET", "/api/health")
+                return bool(health["memory_pressure"]["level"] == "severe")
+
+            await wait_until(severe, 0.1)
+            assert not [t for t in project_turns(seen) if t["started_by"] == "provider"], (
+                "the wake came too early"
+            )
+
+            def wakes() -> list[Json]:
+                return [t for t in project_turns(seen) if t["started_by"] == "provider"]
+
+            await read_until(
+                client, seen, lambda: any(t["queue_reason"] == "memory_pressure" for t in wakes())
+            )
+            [held] = wakes()
+            assert held["status"] == "queued"
+            _, health = await http(daemon, "GET", "/api/health")
+            assert health["admission"]["held_turns"] == 1
+            await trio.sleep(1.0)  # the agent waits on its pipe: nothing of the wake is recorded
+            items = {
+                d["entity"]["id"]: d["entity"]
+                for d in seen
+                if d["kind"] == "item.updated" and d["entity"]["turn_id"] == held["id"]
+            }
+            assert [i["kind"] for i in items.values()] == ["wake"]
+
+            use_psi(root, "calm.txt")
+            await read_until(client, seen, lambda: wakes()[0]["status"] == "completed")
+            items = {
+                d["entity"]["id"]: d["entity"]
+                for d in seen
+                if d["kind"] == "item.updated" and d["entity"]["turn_id"] == held["id"]
+            }
+            assert "assistant_message" in [i["kind"] for i in items.values()]
+            assert [t["status"] for t in project_turns(seen)] == ["completed", "completed"]
+        daemon.stop()
