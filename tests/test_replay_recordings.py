@@ -366,7 +366,9 @@ def test_every_recording_has_a_replay_test() -> None:
     def run(path: Path) -> str:
         return path.name.removesuffix(".jsonl").removesuffix(".stdout")
 
-    covered = {run(MULTITURN)} | {run(Path(name)) for name in SINGLE_TURN} | {run(p) for p in BACKGROUND}
+    covered = (
+        {run(MULTITURN)} | {run(Path(name)) for name in SINGLE_TURN} | {run(p) for p in BACKGROUND}
+    )
     assert {run(p) for p in FIXTURES.glob("*.jsonl")} == covered
 
 
@@ -379,7 +381,12 @@ NESTED_WAKE = FIXTURES / "claude-2.1.197_background_nested_wake.jsonl"
 STEER = FIXTURES / "claude-2.1.197_steer.jsonl"
 BACKGROUND = [BASH_WAKE, AGENT_REPORT, STOP_RESUME, NESTED_WAKE, STEER]
 # The CLI's task states as item statuses (t3d/providers/claude/tasks.py).
-TASK_STATUS = {"completed": "completed", "failed": "failed", "killed": "stopped", "stopped": "stopped"}
+TASK_STATUS = {
+    "completed": "completed",
+    "failed": "failed",
+    "killed": "stopped",
+    "stopped": "stopped",
+}
 
 
 @attrs.define
@@ -428,7 +435,11 @@ class Watched:
         for data in self.seen:
             if data["kind"] == "item.updated":
                 latest[data["entity"]["id"]] = data["entity"]
-        found = [i for i in latest.values() if turn_id in (None, i["turn_id"]) and kind in (None, i["kind"])]
+        found = [
+            i
+            for i in latest.values()
+            if turn_id in (None, i["turn_id"]) and kind in (None, i["kind"])
+        ]
         return sorted(found, key=lambda i: (i["turn_id"], i["ordinal"]))
 
     def threads(self) -> list[Json]:
@@ -440,7 +451,9 @@ class Watched:
 
     async def finished_turns(self, count: int) -> list[Json]:
         """Wait until ``count`` turns have ended; return every turn."""
-        await self.until(lambda w: sum(t["status"] in TERMINAL_STATUSES for t in w.turns()) >= count)
+        await self.until(
+            lambda w: sum(t["status"] in TERMINAL_STATUSES for t in w.turns()) >= count
+        )
         return self.turns()
 
 
@@ -456,7 +469,9 @@ async def replay_background(
 ) -> tuple[list[RecordedTurn], Watched, str, RpcClient]:
     project = project_dir(tmp_path)
     turns = read_recording(recording, project)
-    daemon = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(recording), **settings)
+    daemon = await start_daemon(
+        nursery, tmp_path / "state", replay_fixture=str(recording), **settings
+    )
     client = await nursery_client(nursery, daemon)
     watched = Watched(client)
     watched.daemon = daemon
@@ -475,12 +490,16 @@ async def nursery_client(nursery: trio.Nursery, daemon: Any) -> RpcClient:
     return await nursery.start(hold)  # type: ignore[no-any-return]
 
 
-def check_provider_turns(watched: Watched, recorded: list[RecordedTurn], *, wakes: int) -> list[Json]:
+def check_provider_turns(
+    watched: Watched, recorded: list[RecordedTurn], *, wakes: int
+) -> list[Json]:
     """Every recorded `result` is one turn, in order: the user's as prompted, the wakes as
     turns the provider started, each with the recorded texts and per-turn costs."""
     turns = watched.turns()
     assert len(turns) == len(recorded)
-    assert [t["started_by"] for t in turns] == ["user" if r.prompt else "provider" for r in recorded]
+    assert [t["started_by"] for t in turns] == [
+        "user" if r.prompt else "provider" for r in recorded
+    ]
     assert sum(t["started_by"] == "provider" for t in turns) == wakes
     for turn, want in zip(turns, recorded, strict=True):
         assert turn["status"] == "completed", turn
@@ -489,7 +508,9 @@ def check_provider_turns(watched: Watched, recorded: list[RecordedTurn], *, wake
     return turns
 
 
-def check_tasks(watched: Watched, recording: Path, *, running: set[str] = frozenset()) -> list[Json]:  # type: ignore[assignment]
+def check_tasks(
+    watched: Watched, recording: Path, *, running: set[str] = frozenset()
+) -> list[Json]:  # type: ignore[assignment]
     """Every background task of the recording is an item with its final status, and the thread
     lists the ones still running."""
     tasks = watched.items(kind="background_task")
@@ -539,13 +560,17 @@ async def test_a_background_bash_commands_wake_is_a_turn_the_provider_started(
         assert [t["started_by"] for t in snapshot["turns"]] == ["user", "provider"]
 
 
-async def test_a_background_agent_reports_through_its_task_and_a_wake(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_a_background_agent_reports_through_its_task_and_a_wake(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     """A background subagent keeps writing after its turn's result (lines with its
     parent_tool_use_id): that is its task's output, not a turn; its end completes the task and
     the wake that follows is a provider-started turn whose origin is the agent's notification
     (not the notification of a command the agent ran itself)."""
     with trio.fail_after(30):
-        recorded, watched, thread_id, client = await replay_background(tmp_path, nursery, AGENT_REPORT)
+        recorded, watched, thread_id, client = await replay_background(
+            tmp_path, nursery, AGENT_REPORT
+        )
         first = await run_turn(client, thread_id, recorded[0].prompt or "")
         check_turn(first, recorded[0], {})
         await watched.finished_turns(2)
@@ -557,19 +582,28 @@ async def test_a_background_agent_reports_through_its_task_and_a_wake(tmp_path: 
         assert [t["task_id"] for t in turns[1]["origin"]["tasks"]] == [agent["data"]["task_id"]]
 
 
-async def test_a_background_agent_stopped_and_resumed(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_a_background_agent_stopped_and_resumed(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     """A long background agent is listed by the thread (the snapshot's tasks, the shell row)
     after its turn ended; TaskStop makes it stopped, SendMessage makes it run again until it
     completes; each end wakes the agent (a provider-started turn)."""
     with trio.fail_after(45):
-        recorded, watched, thread_id, client = await replay_background(tmp_path, nursery, STOP_RESUME)
+        recorded, watched, thread_id, client = await replay_background(
+            tmp_path, nursery, STOP_RESUME
+        )
         prompts = [t.prompt for t in recorded if t.prompt]
         first = await run_turn(client, thread_id, prompts[0] or "")
-        [agent] = [t for t in first.of_kind("background_task") if t["data"]["task_type"] == "local_agent"]
+        [agent] = [
+            t for t in first.of_kind("background_task") if t["data"]["task_type"] == "local_agent"
+        ]
         # Its turn is over and the thread idle, but the thread lists what still runs on it.
         snapshot = await client.call("thread.snapshot", thread_id=thread_id)
         assert agent["id"] in [t["id"] for t in snapshot["tasks"]]
-        assert snapshot["thread"]["status"] == "idle" and agent["id"] in snapshot["thread"]["running_tasks"]
+        assert (
+            snapshot["thread"]["status"] == "idle"
+            and agent["id"] in snapshot["thread"]["running_tasks"]
+        )
         status, shell = await http(watched.daemon, "GET", "/api/shell")
         assert status == 200
         [row] = [t for t in shell["threads"] if t["id"] == thread_id]
@@ -581,23 +615,62 @@ async def test_a_background_agent_stopped_and_resumed(tmp_path: Path, nursery: t
         turns = check_provider_turns(watched, recorded, wakes=2)
         assert turns[3]["id"] == third.turn["id"]
         check_tasks(watched, STOP_RESUME)
-        statuses = [d["entity"]["status"] for d in watched.seen if d["kind"] == "item.updated" and d["entity"]["id"] == agent["id"]]
+        statuses = [
+            d["entity"]["status"]
+            for d in watched.seen
+            if d["kind"] == "item.updated" and d["entity"]["id"] == agent["id"]
+        ]
         assert "stopped" in statuses and statuses[-1] == "completed"
         assert statuses.index("stopped") < len(statuses) - 1 - statuses[::-1].index("running")
         assert [t["status"] for t in turns[2]["origin"]["tasks"]] == ["stopped"]
         assert [t["status"] for t in turns[4]["origin"]["tasks"]] == ["completed"]
 
 
-async def test_a_wake_that_starts_background_work_wakes_again(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_an_idle_agent_with_a_task_running_is_not_stopped_for_idleness(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """provider_idle_timeout counts only while no background task runs: after its turn, an
+    agent whose background subagent still works keeps its process well past the timeout; once
+    the task is stopped (and its wake is over) the idle agent is stopped as usual."""
+    with trio.fail_after(45):
+        recorded, watched, thread_id, client = await replay_background(
+            tmp_path, nursery, STOP_RESUME, provider_idle_timeout=0.3
+        )
+        prompts = [t.prompt for t in recorded if t.prompt]
+
+        def exited(w: Watched) -> bool:
+            return any(
+                d["kind"] == "session.updated" and d["entity"]["status"] == "exited" for d in w.seen
+            )
+
+        await run_turn(client, thread_id, prompts[0] or "")
+        with trio.move_on_after(3.0):  # ten idle timeouts
+            await watched.until(exited)
+        assert not exited(watched), "an agent with a background task running was stopped as idle"
+        assert watched.threads()[-1]["running_tasks"]
+        await run_turn(client, thread_id, prompts[1] or "")  # TaskStop: the task ends, a wake
+        await watched.until(lambda w: not w.threads()[-1]["running_tasks"])
+        await watched.finished_turns(3)
+        await watched.until(exited)
+
+
+async def test_a_wake_that_starts_background_work_wakes_again(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     """Nested wakes: a wake starts another background command, whose end wakes the agent
     again: three results for one user message are three turns, the second task in the wake
     that started it."""
     with trio.fail_after(30):
-        recorded, watched, thread_id, client = await replay_background(tmp_path, nursery, NESTED_WAKE)
+        recorded, watched, thread_id, client = await replay_background(
+            tmp_path, nursery, NESTED_WAKE
+        )
         first = await run_turn(client, thread_id, recorded[0].prompt or "")
         await watched.finished_turns(3)
         turns = check_provider_turns(watched, recorded, wakes=2)
-        tasks = sorted(check_tasks(watched, NESTED_WAKE), key=lambda t: t["data"]["task_id"] != recorded_tasks(NESTED_WAKE)[0].task_id)
+        tasks = sorted(
+            check_tasks(watched, NESTED_WAKE),
+            key=lambda t: t["data"]["task_id"] != recorded_tasks(NESTED_WAKE)[0].task_id,
+        )
         assert [t["turn_id"] for t in tasks] == [first.turn["id"], turns[1]["id"]]
         assert [[t["task_id"] for t in turn["origin"]["tasks"]] for turn in turns[1:]] == [
             [t.task_id for t in recorded_tasks(NESTED_WAKE)][:1],
@@ -612,12 +685,24 @@ async def test_a_message_steered_into_a_running_turn(tmp_path: Path, nursery: tr
     with trio.fail_after(30):
         recorded, _, thread_id, client = await replay_background(tmp_path, nursery, STEER)
         steered_text = STEER.read_text().splitlines()
-        steered = [json.loads(line[4:])["message"]["content"] for line in steered_text if line.startswith('>>> {"type":"user"')][1]
+        steered = [
+            json.loads(line[4:])["message"]["content"]
+            for line in steered_text
+            if line.startswith('>>> {"type":"user"')
+        ][1]
         replies: list[Json] = []
 
         async def steer_once(data: Json) -> None:
-            if data["kind"] == "item.updated" and data["entity"]["kind"] == "assistant_message" and not replies:
-                replies.append(await client.call("turn.start", thread_id=thread_id, text=steered, delivery="steer"))
+            if (
+                data["kind"] == "item.updated"
+                and data["entity"]["kind"] == "assistant_message"
+                and not replies
+            ):
+                replies.append(
+                    await client.call(
+                        "turn.start", thread_id=thread_id, text=steered, delivery="steer"
+                    )
+                )
 
         outcome = await run_turn(client, thread_id, recorded[0].prompt or "", on_event=steer_once)
         [reply] = replies
@@ -637,23 +722,35 @@ async def test_a_message_steered_into_a_running_turn(tmp_path: Path, nursery: tr
             validate("TurnStartResult", result)
 
 
-async def test_an_api_error_speaks_in_the_clis_own_words(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_an_api_error_speaks_in_the_clis_own_words(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
     """A 401 from the model API: the CLI's text is the turn's assistant message and its error
     item, the turn's error, and the reason names it (api_error_401:auth_error), never success."""
     with trio.fail_after(20):
         recording = FIXTURES / "claude-2.1.197_api_error_401.jsonl"
         project = project_dir(tmp_path)
         (recorded,) = read_recording(recording, project)
-        assert recorded.result["subtype"] == "success" and recorded.result["api_error_status"] == 401
+        assert (
+            recorded.result["subtype"] == "success" and recorded.result["api_error_status"] == 401
+        )
         daemon = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(recording))
         async with open_client(daemon) as client:
             thread_id = await new_thread(client, project)
             outcome = await run_turn(client, thread_id, recorded.prompt or "")
         words = recorded.result["result"]
-        assert (outcome.turn["status"], outcome.turn["error"], outcome.turn["reason"]) == ("failed", words, "api_error_401:auth_error")
+        assert (outcome.turn["status"], outcome.turn["error"], outcome.turn["reason"]) == (
+            "failed",
+            words,
+            "api_error_401:auth_error",
+        )
         assert outcome.assistant_text == [words]
         [error] = outcome.of_kind("error")
-        assert (error["text"], error["status"], error["data"]["error"]) == (words, "failed", "authentication_failed")
+        assert (error["text"], error["status"], error["data"]["error"]) == (
+            words,
+            "failed",
+            "authentication_failed",
+        )
         daemon.stop()
 
 
