@@ -443,21 +443,28 @@ class Replayer:
             self._cut_short = self._cut_short or any(
                 self._steps[i].kind == EMIT and is_delta(self._steps[i].obj) for i in range(self._pos, recorded_point)
             )
-            self._pos = recorded_point
+            self._skip_to(recorded_point)
         else:
             self._reply_interrupt(request_id)
             self._emit_interruption()
-            self._pos = turn_end
+            self._skip_to(turn_end)
             self._in_turn = False
         raise Reposition
 
+    def _skip_to(self, position: int) -> None:
+        """Jump ahead; a user line skipped inside the turn was a message steered into it,
+        which the host's message already queued stands for (the CLI runs it after the turn)."""
+        for i in range(self._pos, position):
+            if self._steps[i].kind == WAIT_USER and self._pending_turns:
+                self._pending_turns.popleft()
+        self._pos = position
+
     def _turn_end(self) -> int:
-        """Where the turn being played ends: just past its ``result``, or at the next turn
-        boundary (what follows a result may be a turn of its own: a wake)."""
+        """Where the turn being played ends: just past its ``result`` (what follows may be a
+        turn of its own: a wake, or the answer to a steered message). A user line before the
+        result is a message steered into the turn, not its end."""
         for i in range(self._pos, len(self._steps)):
             step = self._steps[i]
-            if step.kind == WAIT_USER:
-                return i
             if step.kind == EMIT and step.obj.get("type") == "result":
                 return i + 1
         return len(self._steps)

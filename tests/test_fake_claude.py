@@ -255,7 +255,11 @@ def assert_deltas_match_blocks(objs: list[Json]) -> None:
             pieces[last_index] = pieces.get(last_index, "") + delta.get(
                 "text", delta.get("partial_json", "")
             )
-        elif obj["type"] == "assistant" and last_index is not None and not obj.get("parent_tool_use_id"):
+        elif (
+            obj["type"] == "assistant"
+            and last_index is not None
+            and not obj.get("parent_tool_use_id")
+        ):
             # (a subagent's lines are not streamed: they come whole, between the main agent's deltas)
             (block,) = obj["message"]["content"]
             streamed = pieces[last_index]
@@ -426,7 +430,9 @@ def test_multiturn_full_drive(spawn: Callable[..., Host], tmp_path: Path) -> Non
     # recorded partial text. Everything else is as recorded.
     partial = interrupted_partial(expected)
     streamed = interrupted_partial(received)
-    assert partial["message"]["content"][0]["text"].startswith(streamed["message"]["content"][0]["text"])
+    assert partial["message"]["content"][0]["text"].startswith(
+        streamed["message"]["content"][0]["text"]
+    )
     streamed_as_recorded = [partial if o is streamed else o for o in received]
     assert final_lines(streamed_as_recorded) == final_lines(expected)
     wanted = {"assistant", "result"}
@@ -446,7 +452,9 @@ def test_multiturn_full_drive(spawn: Callable[..., Host], tmp_path: Path) -> Non
 def interrupted_partial(objs: list[Json]) -> Json:
     """The partial assistant line of the interrupted turn (the one before the interrupt notice)."""
     notice = next(
-        i for i, o in enumerate(objs) if o["type"] == "user" and "[Request interrupted" in json.dumps(o["message"])
+        i
+        for i, o in enumerate(objs)
+        if o["type"] == "user" and "[Request interrupted" in json.dumps(o["message"])
     )
     return next(o for o in reversed(objs[:notice]) if o["type"] == "assistant")
 
@@ -841,21 +849,32 @@ def test_a_wake_plays_with_no_user_message_and_an_interrupt_between_turns_is_onl
     between the result and the wake is answered and ends nothing; every stdin line is in
     T3D_REPLAY_HOST_LOG."""
     log = tmp_path / "host.log"
-    host = spawn("--replay-fixture", str(BASH_WAKE), speed="0.5", env={"T3D_REPLAY_HOST_LOG": str(log)})
+    host = spawn(
+        "--replay-fixture", str(BASH_WAKE), speed="0.5", env={"T3D_REPLAY_HOST_LOG": str(log)}
+    )
     host.send(user("Please run BGBASH now"))
     host.read_until(is_type("result"))
     host.send(control_request("between", "interrupt"))
     reply = host.read_until(is_type("control_response"))[-1]
     assert reply["response"]["request_id"] == "between"
     wake = host.read_until(is_type("result"))
-    assert [o["type"] for o in wake if o["type"] in ("system", "result")][:3] == ["system", "system", "system"]
+    assert [o["type"] for o in wake if o["type"] in ("system", "result")][:3] == [
+        "system",
+        "system",
+        "system",
+    ]
     assert wake[-1]["subtype"] == "success" and wake[-1]["origin"] == {"kind": "task-notification"}
     expected = [o for o in recorded_stdout(BASH_WAKE, tmp_path) if o["type"] == "result"]
     assert [o for o in host.received if o["type"] == "result"] == expected
-    assert [json.loads(line)["type"] for line in log.read_text().splitlines()] == ["user", "control_request"]
+    assert [json.loads(line)["type"] for line in log.read_text().splitlines()] == [
+        "user",
+        "control_request",
+    ]
 
 
-def test_an_interrupt_in_a_wake_ends_that_wake_only(spawn: Callable[..., Host], tmp_path: Path) -> None:
+def test_an_interrupt_in_a_wake_ends_that_wake_only(
+    spawn: Callable[..., Host], tmp_path: Path
+) -> None:
     """Two wakes after one user message: an interrupt while the first wake streams ends it
     (an interrupted result), and the second wake still plays as recorded."""
     lines = BASH_WAKE.read_text().splitlines()
@@ -865,7 +884,11 @@ def test_an_interrupt_in_a_wake_ends_that_wake_only(spawn: Callable[..., Host], 
     fixture.write_text("\n".join(combined) + "\n")
     # No delays but in the first wake, whose lines come 100 ms apart: it is still streaming
     # when the interrupt arrives.
-    first_wake = range(end + 1, next(i for i in range(end + 1, len(combined)) if combined[i].startswith('{"type":"result"')) + 1)
+    first_wake = range(
+        end + 1,
+        next(i for i in range(end + 1, len(combined)) if combined[i].startswith('{"type":"result"'))
+        + 1,
+    )
     times, at = [], 0.0
     for index, line in enumerate(combined):
         at += 100.0 if index in first_wake else 0.0
@@ -877,6 +900,31 @@ def test_an_interrupt_in_a_wake_ends_that_wake_only(spawn: Callable[..., Host], 
     host.read_until(is_delta)  # the first wake streams
     host.send(control_request("in-wake", "interrupt"))
     first = host.read_until(is_type("result"))[-1]
-    assert (first["subtype"], first["terminal_reason"]) == ("error_during_execution", "aborted_streaming")
+    assert (first["subtype"], first["terminal_reason"]) == (
+        "error_during_execution",
+        "aborted_streaming",
+    )
     second = host.read_until(is_type("result"))[-1]
     assert second["subtype"] == "success" and second["origin"] == {"kind": "task-notification"}
+
+
+def test_an_interrupt_before_a_steered_line_ends_the_turn_and_the_steered_answer_plays(
+    spawn: Callable[..., Host], tmp_path: Path
+) -> None:
+    """The steered message and an interrupt arrive before the fake has reached the recorded
+    steered user line: that line is inside the turn, not its end, so the interrupt still ends
+    the turn (at its recorded interrupt point), the host's message stands for the recorded
+    steered one, and the answer to it (the next init ... result) plays, as 2.1.197 did."""
+    recording = FIXTURES_DIR / "claude-2.1.197_steer_interrupted.jsonl"
+    host = spawn("--replay-fixture", str(recording), speed="1")
+    host.send(user("Please STEER this: count to 60"))
+    host.read_until(is_delta)  # streaming, ~0.9 s before the recorded steered line
+    host.send(
+        user("STEERED: also say that you were steered"), control_request("int-1", "interrupt")
+    )
+    reply = host.read_until(is_type("control_response"))[-1]
+    assert reply["response"]["request_id"] == "int-1"
+    first = host.read_until(is_type("result"))[-1]
+    assert first["subtype"] == "error_during_execution"
+    second = host.read_until(is_type("result"))[-1]
+    assert (second["subtype"], second["result"]) == ("success", "ok")

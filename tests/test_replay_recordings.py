@@ -377,9 +377,10 @@ def test_every_recording_has_a_replay_test() -> None:
 BASH_WAKE = FIXTURES / "claude-2.1.197_background_bash_wake.jsonl"
 AGENT_REPORT = FIXTURES / "claude-2.1.197_background_agent_report.jsonl"
 STOP_RESUME = FIXTURES / "claude-2.1.197_background_agent_stop_resume.jsonl"
+STEER_INTERRUPTED = FIXTURES / "claude-2.1.197_steer_interrupted.jsonl"
 NESTED_WAKE = FIXTURES / "claude-2.1.197_background_nested_wake.jsonl"
 STEER = FIXTURES / "claude-2.1.197_steer.jsonl"
-BACKGROUND = [BASH_WAKE, AGENT_REPORT, STOP_RESUME, NESTED_WAKE, STEER]
+BACKGROUND = [BASH_WAKE, AGENT_REPORT, STOP_RESUME, NESTED_WAKE, STEER, STEER_INTERRUPTED]
 # The CLI's task states as item statuses (t3d/providers/claude/tasks.py).
 TASK_STATUS = {
     "completed": "completed",
@@ -720,6 +721,53 @@ async def test_a_message_steered_into_a_running_turn(tmp_path: Path, nursery: tr
         assert idle["delivery"] == "queue" and "no running turn" in idle["note"]
         for result in (reply, idle):  # both shapes as the API's schema has them
             validate("TurnStartResult", result)
+
+
+async def test_a_steered_message_the_cli_answers_after_an_interrupt_is_a_wake(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A message is steered into a turn, which is then interrupted before its result (the
+    recording shows 2.1.197 still answers the message afterwards, as a turn of its own with no
+    user message before it): the turn ends interrupted, and the answer is not dropped: a turn
+    the provider started, whose origin says it answers a steered message."""
+    with trio.fail_after(45):
+        recorded, watched, thread_id, client = await replay_background(
+            tmp_path, nursery, STEER_INTERRUPTED
+        )
+        steered = [
+            json.loads(line[4:])["message"]["content"]
+            for line in STEER_INTERRUPTED.read_text().splitlines()
+            if line.startswith('>>> {"type":"user"')
+        ][1]
+        replies: list[Json] = []
+
+        async def steer_then_interrupt(data: Json) -> None:
+            if (
+                data["kind"] == "item.updated"
+                and data["entity"]["kind"] == "assistant_message"
+                and not replies
+            ):
+                replies.append(
+                    await client.call(
+                        "turn.start", thread_id=thread_id, text=steered, delivery="steer"
+                    )
+                )
+                await client.call("turn.interrupt", thread_id=thread_id)
+
+        outcome = await run_turn(
+            client, thread_id, recorded[0].prompt or "", on_event=steer_then_interrupt
+        )
+        assert replies[0]["delivery"] == "steer"
+        assert outcome.turn["status"] == "interrupted"
+        [_, steer_item] = outcome.of_kind("user_message")
+        assert steer_item["text"] == steered
+        turns = await watched.finished_turns(2)
+        assert [t["started_by"] for t in turns] == ["user", "provider"]
+        assert turns[1]["origin"] == {"kind": "steered_message"}
+        assert turns[1]["status"] == "completed"
+        [notice] = watched.items(turns[1]["id"], "wake")
+        assert "steered" in notice["title"]
+        assert texts_of(watched, turns[1]) == ["ok"]  # the recorded answer
 
 
 async def test_an_api_error_speaks_in_the_clis_own_words(

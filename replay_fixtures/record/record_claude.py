@@ -126,6 +126,7 @@ def record(args: argparse.Namespace) -> None:
     rec.write({"type": "control_request", "request_id": "req_init_" + uuid.uuid4().hex[:8], "request": {"subtype": "initialize"}})
     rec.read(10)
     steer = args.steer.split(":", 2) if args.steer else None  # turn index : deltas : text
+    interrupt = [int(n) for n in args.interrupt.split(":", 1)] if args.interrupt else None  # turn : deltas
     for index, prompt in enumerate(args.turn):
         rec.write(_user(prompt))
         deltas, results, quiet_since = 0, 0, None
@@ -139,6 +140,8 @@ def record(args: argparse.Namespace) -> None:
                     deltas += 1
                     if steer and int(steer[0]) == index and deltas == int(steer[1]):
                         rec.write(_user(steer[2]))
+                    if interrupt and interrupt == [index, deltas]:
+                        rec.write({"type": "control_request", "request_id": "req_int_" + uuid.uuid4().hex[:8], "request": {"subtype": "interrupt"}})
                 if line.get("type") == "result":
                     results += 1
             if got:
@@ -186,7 +189,7 @@ def _write(args: argparse.Namespace, rec: Recorder, code: int, elapsed: float, s
     meta = {
         "argv": ["claude", *ARGV], "turns": args.turn, "exit_code": code, "elapsed_ms": elapsed,
         "policy": policy, "stdout_lines": len(stdout), "eof_seen": rec.eof,
-        "steer": args.steer, "env": args.env, "notes": args.notes,
+        "steer": args.steer, "interrupt": args.interrupt, "env": args.env, "notes": args.notes,
     }  # fmt: skip
     with open(stem + ".meta.json", "w") as f:
         json.dump(meta, f, indent=2)
@@ -201,6 +204,7 @@ def main() -> None:
     parser.add_argument("--turn", action="append", required=True, help="a user prompt (repeat for more turns)")
     parser.add_argument("--policy", action="append", default=[], help="TOOL=allow|deny (default allow)")
     parser.add_argument("--steer", help="TURN:DELTAS:TEXT: write TEXT as a user message after DELTAS text deltas of turn TURN (0-based)")
+    parser.add_argument("--interrupt", help="TURN:DELTAS: interrupt turn TURN (0-based) after DELTAS text deltas")
     parser.add_argument("--settle", type=float, default=6.0, help="seconds of silence after a result before the next turn")
     parser.add_argument("--delay", type=float, default=0.02)
     parser.add_argument("--max-seconds", type=float, default=180)
