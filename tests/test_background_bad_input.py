@@ -18,6 +18,7 @@ from test_pressure import use_psi
 from t3d.domain import commands as c
 from t3d.domain.decide import decide
 from t3d.domain.events import SteerProviderTurn
+from t3d.domain.model import ProviderSession, TurnItem
 from t3d.domain.state import State
 from t3d.providers.claude.background import WAKE_BURST
 from t3d.providers.claude.session import ClaudeSession, SessionSpec
@@ -362,3 +363,49 @@ async def test_a_wake_under_memory_pressure_waits_for_admission_like_any_turn(
             assert "assistant_message" in [i["kind"] for i in items.values()]
             assert [t["status"] for t in project_turns(seen)] == ["completed", "completed"]
         daemon.stop()
+
+
+def test_restart_recovery_stops_the_tasks_of_agents_gone_and_keeps_those_taken_over() -> None:
+    """After a restart, the background tasks of a thread whose agent was not taken over are
+    stopped (saying why) and the thread lists none; a taken-over agent's tasks run on."""
+
+    def task(thread_id: str, turn_id: str) -> TurnItem:
+        return TurnItem(
+            id=f"{turn_id}:task:b1",
+            thread_id=thread_id,
+            turn_id=turn_id,
+            ordinal=0,
+            kind="background_task",
+            status="running",
+            title="sleep 60",
+            text=None,
+            data={"task_id": "b1", "status": "running"},
+            updated_at=1.0,
+        )
+
+    def recovered(live: tuple[str, ...]) -> State:
+        state = State()
+        for command in (
+            c.CreateProject("p", "/w"),
+            *(c.CreateThread(t, "p", "replay") for t in ("t-gone", "t-kept")),
+            *(
+                c.RecordSession(ProviderSession(f"s-{t}", t, "replay", "running", 1.0))
+                for t in ("t-gone", "t-kept")
+            ),
+            *(c.StartTurn(t, f"u-{t}", "go") for t in ("t-gone", "t-kept")),
+            *(c.MarkTurnRunning(f"u-{t}") for t in ("t-gone", "t-kept")),
+            *(c.RecordTasks(t, (task(t, f"u-{t}"),)) for t in ("t-gone", "t-kept")),
+            *(c.FinishTurn(f"u-{t}", "completed") for t in ("t-gone", "t-kept")),
+            c.RecoverAfterRestart(live),
+        ):
+            for event in decide(state, command, 1.0).events:
+                state.apply(event)
+        return state
+
+    state = recovered(("s-t-kept",))
+    gone = state.items["u-t-gone:task:b1"]
+    assert gone.status == "stopped" and "restarted" in (gone.data or {})["note"]
+    assert state.threads["t-gone"].running_tasks == []
+    assert state.items["u-t-kept:task:b1"].status == "running"
+    assert state.threads["t-kept"].running_tasks == ["u-t-kept:task:b1"]
+    assert recovered(()).threads["t-kept"].running_tasks == []

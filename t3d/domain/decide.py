@@ -704,8 +704,11 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
             continue
         if d.get(RuntimeRequest, request.id, d.view.request).status == "pending":
             d.put(attrs.evolve(request, status="expired", resolved_at=now))
-    for thread in d.view.threads_with_running_tasks():
-        if thread.id not in kept:  # their agent is gone, and its background tasks with it
+    # Background tasks run only in a live agent (an agent's recorded exit stopped its own):
+    # those of agents not kept are gone with them.
+    for thread_id in sorted({s.thread_id for s in live.values()} - kept):
+        thread = d.get(Thread, thread_id, d.view.thread)
+        if thread is not None and thread.running_tasks:
             _stop_tasks(d, thread, now, "the daemon restarted and the agent that ran this task is gone")
     for session in live.values():
         if session.id not in cmd.live_sessions:

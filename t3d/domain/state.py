@@ -47,10 +47,6 @@ class StateView(Protocol):
         ...
 
     def checkpoint(self, checkpoint_id: str) -> Checkpoint | None: ...
-    def threads_with_running_tasks(self) -> list[Thread]:
-        """Threads that list background tasks still running (restart recovery only)."""
-        ...
-
     def turns_from(self, thread_id: str, ordinal: int) -> list[Turn]:
         """A thread's turns from ``ordinal`` on (the tail of its queue), by ordinal."""
         ...
@@ -129,9 +125,6 @@ class State:
 
     def checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
         return self.checkpoints.get(checkpoint_id)
-
-    def threads_with_running_tasks(self) -> list[Thread]:
-        return [t for t in self.threads.values() if t.running_tasks]
 
     def turns_from(self, thread_id: str, ordinal: int) -> list[Turn]:
         return [t for t in self.thread_turns(thread_id) if t.ordinal >= ordinal]

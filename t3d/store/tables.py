@@ -126,11 +126,6 @@ class SqlView:
             "SELECT body FROM turns WHERE thread_id = ? AND ordinal >= ? ORDER BY ordinal", (thread_id, ordinal), decode_turn
         )
 
-    def threads_with_running_tasks(self) -> list[Thread]:
-        # A scan of the threads, run once per start-up by restart recovery only.
-        return self._all(
-            "SELECT body FROM threads WHERE json_array_length(body, '$.running_tasks') > 0", (), decode_thread
-        )
 
 
 # Entity type -> (table, indexed columns kept beside ``body``, columns an update may change).
