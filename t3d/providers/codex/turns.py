@@ -10,6 +10,8 @@ Rules:
 - Every server request is answered: approvals with the user's decision, any other with
   a JSON-RPC error, so Codex never waits on t3d. An approval outside a turn of ours is
   refused.
+- A message steered into the running turn goes out as ``turn/steer`` (the turn Codex
+  named as ``expectedTurnId``); with no such turn, or refused, it becomes a queued turn.
 - A stop always completes: an interrupt Codex does not honour within the interrupt
   timeout stops the process and the turn ends ``interrupted``.
 - A turn in which Codex only retries (``error`` with ``willRetry``) for
@@ -152,8 +154,12 @@ class TurnDriver(AppServer):
         turn, peer = self._turn, self._peer
         if turn is not None and turn.turn_id == effect.turn_id and turn.codex_turn_id and peer is not None and peer.thread_id:
             params = turn_steer_params(peer.thread_id, turn.codex_turn_id, effect.text)
+
+            async def reaches(request_id: int) -> None:  # the next daemon counts on from here
+                await self._tell_spawner(peer, peer.proc.turn_offset)
+
             try:
-                await peer.call("turn/steer", params)
+                await peer.call("turn/steer", params, before_send=reaches)
                 return
             except ProviderError as exc:
                 log.info("%s: turn/steer refused (%s); the message is a turn of its own", self._tag, exc)
