@@ -22,6 +22,7 @@ import trio
 from t3d.providers.claude.adapter import TurnEnded, TurnMapper
 from t3d.providers.lines import LineTooLong
 from t3d.providers.output import ProviderOutput
+from t3d.providers.silence import SILENT_REASON, silence_error
 from t3d.spawn.child import Child, stop_child
 
 STDERR_TAIL = 8 * 1024
@@ -129,11 +130,7 @@ class ClaudeProcess:
         if turn.interrupt_requested:
             return TurnEnded("interrupted", "interrupted by the user", "interrupt", None, None)
         if self.silenced:
-            error = (
-                f"{provider} sent nothing for {spec.silence_timeout:g} s, so its process was stopped "
-                "(--turn-silence-timeout); start a new turn to continue"
-            )
-            return TurnEnded("failed", error, "provider_silent", None, None)
+            return TurnEnded("failed", silence_error(provider, spec.silence_timeout), SILENT_REASON, None, None)
         if self.process.spawner_lost:
             error = f"the spawner died, so {provider}'s process was stopped; start a new turn to continue"
             return TurnEnded("failed", error, "spawner_lost", None, None)

@@ -77,6 +77,7 @@ from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
 from t3d.providers.reattach import Reattach
+from t3d.providers.silence import Quiet, watch_silence
 from t3d.spawn.child import Child, Spawner, stop_child
 
 log = logging.getLogger("t3d.providers.claude")
@@ -393,22 +394,14 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork):
 
     async def _run_silence_watch(self) -> None:
         """Stop the process of a turn that has had no output for `silence_timeout` seconds
-        while no prompt waits for the user."""
-        timeout = self.spec.silence_timeout
-        while True:
-            await trio.sleep(min(timeout / 4, 30.0))
-            proc, turn = self._proc, self._turn
-            if proc is None or turn is None or self._requests or proc.silenced or self._pending_wake:
-                continue
-            quiet = trio.current_time() - max(proc.output.last_output, self._quiet_since)
-            if quiet < timeout:
-                continue
-            log.warning(
-                "thread %s: %s sent nothing for %.0f s during turn %s; stopping it",
-                self.spec.thread_id, self.spec.provider, quiet, turn.turn_id,
-            )
-            proc.silenced = True
-            await stop_child(proc.process, grace=2.0)
+        while no prompt waits for the user (`watch_silence`)."""
+        await watch_silence(self.spec.provider, self.spec.silence_timeout, log, f"thread {self.spec.thread_id}", self._quiet)
+
+    def _quiet(self) -> Quiet | None:
+        proc, turn = self._proc, self._turn
+        if proc is None or turn is None or self._requests or self._pending_wake:
+            return None
+        return Quiet(proc, turn.turn_id, self._quiet_since)
 
     async def _read_stdout(self, proc: ClaudeProcess) -> None:
         try:

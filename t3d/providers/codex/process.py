@@ -13,7 +13,7 @@ Rules:
   and turn/interrupt, and with each ack of a finished turn's output.
 - Its exit, not EOF on a pipe a grandchild may hold, ends the stream (`ProviderOutput`).
   A process that exits mid-turn ends the turn ``failed`` with the stderr tail (or
-  ``cancelled``, ``interrupted``, ``spawner_lost`` as the case may be); the next turn
+  ``cancelled``, ``interrupted``, ``provider_silent``, ``spawner_lost`` as the case may be); the next turn
   starts a new process, which resumes the thread.
 - A process the session lets go of at shutdown (`AppServer._let_go`) keeps running for
   the next daemon; its exit is not this session's to record.
@@ -50,6 +50,7 @@ from t3d.providers.codex.encode import (
 )
 from t3d.providers.codex.peer import CodexPeer, CodexRefused
 from t3d.providers.lines import LineTooLong
+from t3d.providers.silence import SILENT_REASON, silence_error
 from t3d.spawn.child import Spawner
 
 log = logging.getLogger("t3d.providers.codex")
@@ -230,6 +231,8 @@ class AppServer:
             return TurnEnded("interrupted", error, "interrupt_timeout", turn.usage())
         if turn.interrupt_requested:
             return TurnEnded("interrupted", "interrupted by the user", "interrupt", turn.usage())
+        if proc.silenced:
+            return TurnEnded("failed", silence_error(provider, self.spec.silence_timeout), SILENT_REASON, turn.usage())
         if proc.process.spawner_lost:
             error = f"the spawner died, so {provider}'s process was stopped; start a new turn to continue"
             return TurnEnded("failed", error, "spawner_lost", turn.usage())

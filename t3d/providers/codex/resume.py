@@ -118,6 +118,7 @@ class ResumeAfterRestart(TurnDriver):
         mapper.interrupt_requested = turn.interrupt_requested_at is not None
         self._turn = mapper
         self._known_turns.append(turn.id)
+        self._quiet_since = trio.current_time()
         peer.turn_request_id = _whole(reattach.meta.get("turn_request_id"))
         prefix = f"{turn.id}:"
         for request in reattach.requests:  # so an answer reaches Codex whatever the replay shows

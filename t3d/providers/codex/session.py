@@ -41,6 +41,7 @@ process of about 17 MiB RSS per session.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -57,8 +58,11 @@ from t3d.providers.codex.adapter import TurnMapper
 from t3d.providers.codex.peer import CodexPeer
 from t3d.providers.codex.process import EXIT_RECORD_S
 from t3d.providers.codex.resume import ResumeAfterRestart
+from t3d.providers.log_limit import LogLimiter
 from t3d.providers.reattach import Reattach
 from t3d.spawn.child import Child, Spawner, stop_child
+
+log = logging.getLogger("t3d.providers.codex")
 
 # Codex turn ids of finished turns, whose late notifications are ignored.
 DONE_TURNS = 32
@@ -100,6 +104,10 @@ class CodexSession(ResumeAfterRestart):
         self._held: dict[str, TurnItem] = {}
         self._idle_since = math.inf
         self._retrying_since: float | None = None
+        # Since when the running turn has waited for Codex (silence timeout).
+        self._quiet_since = math.inf
+        # Bad lines from the app-server, logged rate-limited.
+        self._warnings = LogLimiter(log, self._tag)
         self._detaching = False
         self._inbox_scope = trio.CancelScope()
         # Asked when the session is cancelled (the daemon is stopping): leave the process
@@ -113,6 +121,8 @@ class CodexSession(ResumeAfterRestart):
                 nursery.start_soon(self._run_idle_stopper)
             if self._retry_timeout > 0:
                 nursery.start_soon(self._run_retry_watch, nursery)
+            if self.spec.silence_timeout > 0:
+                nursery.start_soon(self._run_silence_watch)
             try:
                 with self._inbox_scope:
                     if reattach is not None:
@@ -140,6 +150,7 @@ class CodexSession(ResumeAfterRestart):
                     await peer.proc.stop()
                     with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
                         await peer.proc.exit_handled.wait()  # its reader records the exit first
+                self._warnings.flush()
                 nursery.cancel_scope.cancel()
 
     def _can_leave(self) -> bool:

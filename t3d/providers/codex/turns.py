@@ -17,7 +17,9 @@ Rules:
 - A turn in which Codex only retries (``error`` with ``willRetry``) for
   ``retry_timeout`` seconds is interrupted and fails with Codex's last message.
 - A stdout line over the line limit cannot be read, so its turn is stopped and fails
-  saying so; a malformed line is skipped.
+  saying so; a malformed line is skipped. Both are logged rate-limited (`LogLimiter`).
+- A turn in which Codex sends nothing for the silence timeout, with no approval
+  pending, fails (``provider_silent``) and the process is stopped (`watch_silence`).
 - Streaming text is coalesced (`ItemCoalescer`). While output from before a restart is
   replayed (`ProviderOutput.replaying`), item states are held instead, latest per item
   in first-seen order, and written before the next barrier (a prompt, the turn's end)
@@ -60,6 +62,8 @@ from t3d.providers.codex.peer import CodexPeer, CodexRefused
 from t3d.providers.codex.process import AppServer
 from t3d.providers.codex.protocol import parse_line
 from t3d.providers.lines import LineTooLong
+from t3d.providers.log_limit import LogLimiter
+from t3d.providers.silence import Quiet, watch_silence
 from t3d.spawn.child import stop_child
 
 log = logging.getLogger("t3d.providers.codex")
@@ -79,6 +83,8 @@ class TurnDriver(AppServer):
     _retrying_since: float | None
     _items: ItemCoalescer
     _held: dict[str, TurnItem]
+    _quiet_since: float
+    _warnings: LogLimiter
 
     # --- effects -----------------------------------------------------------------------
 
@@ -91,6 +97,7 @@ class TurnDriver(AppServer):
         turn = TurnMapper(self.spec.thread_id, effect.turn_id, self._clock, self._usage_total)
         self._turn = turn
         self._retrying_since = None
+        self._quiet_since = trio.current_time()
         if self.spec.before_turn is not None:  # the checkpoint baseline: before any edit
             await self.spec.before_turn(self.spec.thread_id, effect.ordinal, self.spec.cwd)
         try:
@@ -181,6 +188,7 @@ class TurnDriver(AppServer):
             return
         if effect.decision == "cancel" and self._turn is not None:
             self._turn.interrupt_requested = True  # Codex interrupts the turn on cancel
+        self._quiet_since = trio.current_time()
         result = approval_result(request, effect.decision, effect.message)
         await peer.send_quietly(encode_result(request.id, result))
 
@@ -204,6 +212,17 @@ class TurnDriver(AppServer):
             if self._peer is not None:
                 nursery.start_soon(self._escalate_interrupt, turn, self._peer)
 
+    async def _run_silence_watch(self) -> None:
+        """Stop the process of a turn that has had no output for `silence_timeout` seconds
+        while no approval waits for the user (`watch_silence`)."""
+        await watch_silence(self.spec.provider, self.spec.silence_timeout, log, self._tag, self._quiet)
+
+    def _quiet(self) -> Quiet | None:
+        proc, turn = self._proc, self._turn
+        if proc is None or turn is None or self._requests:
+            return None
+        return Quiet(proc, turn.turn_id, self._quiet_since)
+
     # --- lines → domain ------------------------------------------------------------------
 
     async def _on_line(self, peer: CodexPeer, line: bytes | LineTooLong) -> None:
@@ -213,12 +232,12 @@ class TurnDriver(AppServer):
             if peer is self._peer and not skipped:
                 await self._line_too_long(line, replaying=output.replaying)
             else:
-                log.warning("%s: %s", self._tag, line)
+                self._warnings.warning(str(line))
             return
         try:
             event = parse_line(line)
         except ProtocolError as exc:
-            log.warning("%s: ignored a provider line: %s", self._tag, exc)
+            self._warnings.warning(f"ignored a provider line: {exc}")
             return
         if isinstance(event, ce.Response | ce.ErrorResponse):
             if not peer.on_response(event) and peer is self._peer:
@@ -296,7 +315,7 @@ class TurnDriver(AppServer):
             self._retrying_since = None
 
     async def _line_too_long(self, line: LineTooLong, *, replaying: bool) -> None:
-        log.warning("%s: %s", self._tag, line)
+        self._warnings.warning(str(line))
         turn = self._turn
         if turn is None or turn.fail_with is not None:
             return
@@ -357,6 +376,7 @@ class TurnDriver(AppServer):
         self._idle_since = trio.current_time()
         self._requests.clear()
         self._items.reset()
+        self._warnings.flush()
         peer = self._peer
         if acked and peer is not None:
             await self._tell_spawner(peer, peer.proc.output.offset)
