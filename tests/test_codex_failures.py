@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
-from harness import TEST_FIXTURES, http, new_thread, open_client, run_turn, start_daemon
+from harness import TERMINAL, TEST_FIXTURES, http, new_thread, open_client, run_turn, start_daemon
 
 Json = dict[str, Any]
 
@@ -188,3 +189,58 @@ async def test_a_missing_codex_binary_names_the_setting_and_how_to_install_it(tm
     error = outcome.turn["error"]
     for words in ("/nonexistent/codex", "--codex-bin", "T3D_CODEX_BIN", "npm i -g @openai/codex"):
         assert words in error, error
+
+
+async def test_a_silent_codex_fails_its_turn_after_the_silence_timeout(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """An app-server that sends nothing more mid-turn and never exits: after
+    `turn_silence_timeout` the turn fails (reason provider_silent, the same error as
+    Claude's, naming the setting), the process is stopped, and the next turn runs on a
+    new one."""
+    with trio.fail_after(30):
+        outcome, seen, again = await one_bad_turn(tmp_path, nursery, "silent", turn_silence_timeout=1)
+    assert (outcome.turn["status"], outcome.turn["reason"]) == ("failed", "provider_silent")
+    assert outcome.turn["error"].endswith(
+        "sent nothing for 1 s, so its process was stopped (--turn-silence-timeout); start a new turn to continue"
+    )
+    first, second = sessions(seen).values()
+    assert first["status"] == "exited" and second["pid"] != first["pid"]
+    assert again.turn["status"] == "completed" and again.assistant_text == ["ok: are you back"]
+
+
+async def test_a_codex_turn_waiting_on_an_approval_does_not_time_out(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """While an approval is pending the app-server is silent by right: with
+    `turn_silence_timeout` 1 s, a turn that waits 4 s for its answer is still running on
+    the same process, and completes once answered."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state", codex_bin=fake_codex(tmp_path, "approval"), turn_silence_timeout=1)
+        async with open_client(daemon) as client:
+            seen = client.record_events()
+            thread_id = await new_thread(client, project(tmp_path), provider="codex")
+            turn_id = (await client.call("turn.start", thread_id=thread_id, text="misbehave"))["turn_id"]
+            request = await client.wait_event(lambda d: d["kind"] == "request.updated" and d["entity"]["status"] == "pending")
+            await trio.sleep(4)  # the behaviour pinned: nothing happens for 4 timeouts
+            ended = [d for d in seen if d["kind"] == "turn.updated" and d["entity"]["status"] in TERMINAL]
+            assert ended == [], ended
+            await client.call("request.respond", request_id=request["entity"]["id"], decision="allow")
+            end = await client.wait_event(
+                lambda d: d["kind"] == "turn.updated" and d["entity"]["id"] == turn_id and d["entity"]["status"] in TERMINAL
+            )
+            assert end["entity"]["status"] == "completed", end["entity"]
+            assert [s["status"] for s in sessions(seen).values()] == ["running"]
+        daemon.stop()
+
+
+async def test_a_flood_of_garbage_lines_logs_a_few_warnings_and_a_summary(
+    tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """20,000 malformed app-server lines in one turn: the first few are logged, the rest are
+    counted into one summary line (not a warning per line), and the turn still completes."""
+    with trio.fail_after(60):
+        outcome, _, again = await one_bad_turn(tmp_path, nursery, "garbage-flood")
+    assert outcome.turn["status"] == "completed" and outcome.assistant_text == ["ok: misbehave"]
+    thread_id = outcome.turn["thread_id"]
+    provider = [r for r in caplog.records if r.name == "t3d.providers.codex" and thread_id in r.getMessage()]
+    assert 5 <= len(provider) <= 7, [r.getMessage()[:80] for r in provider]
+    summaries = [r.getMessage() for r in provider if "more like that" in r.getMessage()]
+    assert len(summaries) == 1 and "19995 more like that" in summaries[0], summaries
+    assert again.turn["status"] == "completed"
