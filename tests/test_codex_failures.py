@@ -8,6 +8,7 @@ launch only, so each test also checks that the thread's next turn works.
 
 from __future__ import annotations
 
+import logging
 import stat
 import sys
 from pathlib import Path
@@ -234,13 +235,21 @@ async def test_a_flood_of_garbage_lines_logs_a_few_warnings_and_a_summary(
     tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
 ) -> None:
     """20,000 malformed app-server lines in one turn: the first few are logged, the rest are
-    counted into one summary line (not a warning per line), and the turn still completes."""
+    counted into one summary line (not a warning per line), and the turn still completes.
+    Likewise at info for 100 server requests t3d refuses and 100 error answers to requests
+    it never made."""
+    caplog.set_level(logging.INFO, logger="t3d.providers.codex")
     with trio.fail_after(60):
         outcome, _, again = await one_bad_turn(tmp_path, nursery, "garbage-flood")
     assert outcome.turn["status"] == "completed" and outcome.assistant_text == ["ok: misbehave"]
     thread_id = outcome.turn["thread_id"]
-    provider = [r for r in caplog.records if r.name == "t3d.providers.codex" and thread_id in r.getMessage()]
-    assert 5 <= len(provider) <= 7, [r.getMessage()[:80] for r in provider]
-    summaries = [r.getMessage() for r in provider if "more like that" in r.getMessage()]
+    codex = [r for r in caplog.records if r.name == "t3d.providers.codex" and thread_id in r.getMessage()]
+    warnings = [r.getMessage() for r in codex if r.levelno == logging.WARNING]
+    assert 5 <= len(warnings) <= 7, [m[:80] for m in warnings]
+    summaries = [m for m in warnings if "more like that" in m]
     assert len(summaries) == 1 and "19995 more like that" in summaries[0], summaries
+    notes = [r.getMessage() for r in codex if r.levelno == logging.INFO and "refused" in r.getMessage()]
+    assert 5 <= len(notes) <= 7, [m[:80] for m in notes]
+    summaries = [m for m in notes if "more like that" in m]
+    assert len(summaries) == 1 and "195 more like that" in summaries[0], summaries
     assert again.turn["status"] == "completed"

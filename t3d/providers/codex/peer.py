@@ -19,13 +19,13 @@ Rules:
   gone (`close`), every call in flight fails and new ones fail at once.
 - A write waits at most `SEND_TIMEOUT_S`: a process that does not read its input
   is hung.
-- An error answer nobody waits for is logged, never raised.
+- An error answer nobody waits for is logged (rate-limited: the session's `LogLimiter`
+  for notes), never raised.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,8 +37,7 @@ from t3d.providers.claude.process import ClaudeProcess as CliProcess
 from t3d.providers.codex import events as ce
 from t3d.providers.codex.encode import encode_request
 from t3d.providers.codex.protocol import ClientCalls
-
-log = logging.getLogger("t3d.providers.codex")
+from t3d.providers.log_limit import LogLimiter
 
 # A provider that takes no input for this long is treated as hung.
 SEND_TIMEOUT_S = 30.0
@@ -68,10 +67,10 @@ class Call:
 
 
 class CodexPeer:
-    def __init__(self, proc: CliProcess, provider: str, tag: str, *, next_id: int = 1) -> None:
+    def __init__(self, proc: CliProcess, provider: str, notes: LogLimiter, *, next_id: int = 1) -> None:
         self.proc = proc
         self.provider = provider
-        self._tag = tag
+        self._notes = notes
         self.calls = ClientCalls(next_id)
         self._waiting: dict[ce.RequestId, Call] = {}
         self._gone: ProviderError | None = None
@@ -147,7 +146,7 @@ class CodexPeer:
         call = self._waiting.get(event.id) if event.id is not None else None
         if call is None:
             if isinstance(event, ce.ErrorResponse):
-                log.info("%s: Codex refused %s: %s", self._tag, method or "a request", event.message)
+                self._notes.warning(f"Codex refused {method or 'a request'}: {event.message}")
             return False
         if isinstance(event, ce.ErrorResponse):
             call.error = CodexRefused(call.method, event.message)

@@ -50,6 +50,7 @@ from t3d.providers.codex.encode import (
 )
 from t3d.providers.codex.peer import CodexPeer, CodexRefused
 from t3d.providers.lines import LineTooLong
+from t3d.providers.log_limit import LogLimiter
 from t3d.providers.silence import SILENT_REASON, silence_error
 from t3d.spawn.child import Spawner
 
@@ -91,6 +92,7 @@ class AppServer:
     _on_line: Callable[[CodexPeer, bytes | LineTooLong], Awaitable[None]]
     _end_turn: Callable[[TurnEnded, TurnMapper], Awaitable[None]]
     _flush_held: Callable[[], Awaitable[None]]
+    _notes: LogLimiter
     _commit: Callable[[c.Command], Awaitable[None]]
 
     @property
@@ -138,7 +140,7 @@ class AppServer:
             self._argv(), cwd=self.spec.cwd, env=self.spec.env, tag=self._tag, scope=scope, meta=meta
         )
         proc = CliProcess(process, session_id, started_at)
-        peer = CodexPeer(proc, self.spec.provider, self._tag)
+        peer = CodexPeer(proc, self.spec.provider, self._notes)
         self._peer = peer
         self._usage_total = None
         if self._turn is not None:

@@ -67,7 +67,7 @@ class ResumeAfterRestart(TurnDriver):
         if not isinstance(codex_thread, str) or not codex_thread:
             await self._replace_unready(nursery, proc, reattach)
             return
-        peer = CodexPeer(proc, self.spec.provider, self._tag, next_id=_whole(meta.get("next_request_id")) or 1)
+        peer = CodexPeer(proc, self.spec.provider, self._notes, next_id=_whole(meta.get("next_request_id")) or 1)
         peer.thread_id, peer.ready = codex_thread, True
         self._peer, self._resume = peer, codex_thread
         self._usage_total = _usage(meta.get("usage_total"))

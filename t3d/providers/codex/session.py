@@ -106,8 +106,10 @@ class CodexSession(ResumeAfterRestart):
         self._retrying_since: float | None = None
         # Since when the running turn has waited for Codex (silence timeout).
         self._quiet_since = math.inf
-        # Bad lines from the app-server, logged rate-limited.
+        # Bad lines from the app-server (warnings) and what it asked in vain (info), logged
+        # rate-limited.
         self._warnings = LogLimiter(log, self._tag)
+        self._notes = LogLimiter(log, self._tag, level=logging.INFO)
         self._detaching = False
         self._inbox_scope = trio.CancelScope()
         # Asked when the session is cancelled (the daemon is stopping): leave the process
@@ -151,6 +153,7 @@ class CodexSession(ResumeAfterRestart):
                     with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
                         await peer.proc.exit_handled.wait()  # its reader records the exit first
                 self._warnings.flush()
+                self._notes.flush()
                 nursery.cancel_scope.cancel()
 
     def _can_leave(self) -> bool:

@@ -17,7 +17,8 @@ Rules:
 - A turn in which Codex only retries (``error`` with ``willRetry``) for
   ``retry_timeout`` seconds is interrupted and fails with Codex's last message.
 - A stdout line over the line limit cannot be read, so its turn is stopped and fails
-  saying so; a malformed line is skipped. Both are logged rate-limited (`LogLimiter`).
+  saying so; a malformed line is skipped. Both are logged rate-limited (`LogLimiter`),
+  and so are (at info) the server requests refused and the error answers nobody waits for.
 - A turn in which Codex sends nothing for the silence timeout, with no approval
   pending, fails (``provider_silent``) and the process is stopped (`watch_silence`).
 - Streaming text is coalesced (`ItemCoalescer`). While output from before a restart is
@@ -85,6 +86,7 @@ class TurnDriver(AppServer):
     _held: dict[str, TurnItem]
     _quiet_since: float
     _warnings: LogLimiter
+    _notes: LogLimiter
 
     # --- effects -----------------------------------------------------------------------
 
@@ -254,7 +256,7 @@ class TurnDriver(AppServer):
                 if request.id == event.request_id:
                     del self._requests[request_id]  # Codex withdrew it: no answer goes out
         elif isinstance(event, ce.OtherServerRequest):
-            log.info("%s: refused Codex's %s request", self._tag, event.method)
+            self._notes.warning(f"refused Codex's {event.method} request")
             await self._auto_answer(peer, event.id, encode_error(event.id, f"t3d does not support {event.method!r}"), replaying)
         elif isinstance(event, ce.ApprovalRequested) and not self._ours(event):
             # Nobody can be asked (no turn of ours runs): refuse rather than let Codex wait.
@@ -377,6 +379,7 @@ class TurnDriver(AppServer):
         self._requests.clear()
         self._items.reset()
         self._warnings.flush()
+        self._notes.flush()
         peer = self._peer
         if acked and peer is not None:
             await self._tell_spawner(peer, peer.proc.output.offset)
