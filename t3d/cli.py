@@ -24,6 +24,7 @@ from pathlib import Path
 import trio
 
 import t3d
+from t3d.api.auth import exposure_warning
 from t3d.config import Settings, environment_help, load_settings
 from t3d.errors import ConfigError, ServiceError, T3dError
 from t3d.gc_tuning import tune_gc
@@ -183,6 +184,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"t3d: invalid setting: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.log_level, settings.log_format)
+    if exposure := exposure_warning(settings.host):
+        warnings = [exposure, *warnings]
     for warning in warnings:
         logging.getLogger("t3d").warning("%s", warning)
     tune_gc()

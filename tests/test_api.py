@@ -149,16 +149,19 @@ async def upgrade_refused(
 async def test_health_needs_no_token_and_everything_else_does(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """GET /api/health answers 200 without auth with status, version, uptime, loop lag and
-    writer queue; every other route without the bearer token, or with a wrong one, gets 401
+    """GET /api/health answers 200 without auth with only its public part (status, reasons,
+    version, uptime); with the token, the whole report (loop lag, writer queue, admission,
+    live...); every other route without the bearer token, or with a wrong one, gets 401
     with a message that names the fix."""
     with trio.fail_after(20):
         daemon = await start_daemon(nursery, tmp_path / "state")
-        status, health = await http(daemon, "GET", "/api/health", token=False)
+        status, public = await http(daemon, "GET", "/api/health", token=False)
+        assert status == 200
+        assert public == {"status": "ok", "reasons": [], "version": "0.1.0", "uptime_s": public["uptime_s"]}
+        assert public["uptime_s"] >= 0
+        status, health = await http(daemon, "GET", "/api/health")
         assert status == 200
         assert health["status"] == "ok"
-        assert health["version"] == "0.1.0"
-        assert health["uptime_s"] >= 0
         assert set(health["loop_lag_ms"]) >= {"last", "p99"}
         assert health["writer"] == {"queue": 0, "oldest_job_s": 0.0, "unavailable": None, "held": 0, "failed_unavailable": 0}
         assert health["admission"]["state"] == "open"
@@ -172,7 +175,7 @@ async def test_health_needs_no_token_and_everything_else_does(
             ("POST", "/api/requests/x/respond"),
             ("POST", "/mcp"),
             ("POST", "/api/dispatch"),
-            ("POST", "/api/health"),
+            ("GET", "/api/spawner"),
             ("GET", "/no/such/route"),
         ]
         wrong: list[tuple[str | bool, list[tuple[str, str]]]] = [

@@ -8,6 +8,8 @@ that misbehaving peers can be played exactly.
 from __future__ import annotations
 
 import logging
+import socket
+import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -20,9 +22,17 @@ import pytest
 import trio
 import trio_websocket
 from wsproto import ConnectionType, WSConnection
-from wsproto.events import AcceptConnection, Event, Message, RejectConnection, Request
+from wsproto.events import (
+    AcceptConnection,
+    CloseConnection,
+    Event,
+    Message,
+    RejectConnection,
+    Request,
+)
 
 from t3d.api.transport import (
+    HeadCheck,
     HttpRequest,
     HttpResponse,
     TransportLimits,
@@ -35,20 +45,34 @@ from t3d.errors import ConfigError
 HOST = "127.0.0.1"
 
 
+# The FakeApp's credentials: a request with this header is trusted.
+TRUSTED = ("authorization", "let-me-in")
+
+
 class FakeApp:
-    """Echoes what it is given; a few paths misbehave on purpose."""
+    """Echoes what it is given; a few paths misbehave on purpose.
+
+    A request with the `TRUSTED` header is trusted; ``/private...`` refuses
+    any other with 401 on its head.
+    """
 
     def __init__(self) -> None:
         self.log: list[str] = []
         self.waiting = trio.Event()  # a handler on /wait or /ws/idle is parked
         self.ws_done = trio.Event()
 
+    def check_head(self, request: HttpRequest) -> HeadCheck:
+        trusted = request.headers.get(TRUSTED[0]) == TRUSTED[1]
+        if request.path.startswith("/private") and not trusted:
+            return HeadCheck(refusal=error_response(401, "unauthorized", "send the header"))
+        return HeadCheck(trusted=trusted)
+
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
         if request.path == "/boom":
             raise RuntimeError("kaboom")
         if request.path == "/config":
             raise ConfigError("the frobnicator is off; turn it on")
-        if request.path == "/wait":
+        if request.path in ("/wait", "/private/wait"):
             try:
                 await self._park()
             except trio.Cancelled:
@@ -184,6 +208,12 @@ def parse_reply(data: bytes) -> Reply:
     return Reply(int(status_line.split()[1]), headers, body)
 
 
+async def reset(stream: trio.SocketStream) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a client that vanishes does."""
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    await stream.aclose()
+
+
 async def raw_exchange(server: Server, data: bytes) -> Reply:
     async with await server.connect() as stream:
         await stream.send_all(data)
@@ -305,7 +335,9 @@ async def test_declared_body_over_the_cap_gets_413_without_being_read(
     with trio.fail_after(5):
         server = await start_server(max_body_bytes=100)
         reply = await raw_exchange(
-            server, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"
+            server,
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: let-me-in\r\n"
+            b"Content-Length: 1000\r\n\r\n",
         )
         await server.wait_no_connections()
     assert reply.status == 413
@@ -317,7 +349,10 @@ async def test_declared_body_over_the_cap_gets_413_without_being_read(
 
 async def test_chunked_body_over_the_cap_gets_413(start_server: StartServer) -> None:
     chunk = b"c8\r\n" + b"x" * 200 + b"\r\n"
-    request = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk
+    request = (
+        b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: let-me-in\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunk
+    )
     with trio.fail_after(5):
         reply = await raw_exchange(await start_server(max_body_bytes=100), request)
     assert reply.status == 413
@@ -398,17 +433,102 @@ async def test_header_over_the_cap_gets_431(start_server: StartServer) -> None:
 
 
 async def test_slowloris_is_cut_off_at_the_header_timeout(start_server: StartServer) -> None:
+    """A head still unfinished at the header timeout gets a 408 and the connection closes;
+    others are served meanwhile."""
     with trio.fail_after(5):
         server = await start_server(header_timeout_s=0.2)
         async with await server.connect() as slow:
             await slow.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
-            # Others are served meanwhile.
             ok = await raw_exchange(
                 server, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
             )
             assert ok.status == 200
-            assert await receive_until_eof(slow) == b""
+            reply = parse_reply(await receive_until_eof(slow))
         await server.wait_no_connections()
+    assert reply.status == 408
+    assert "head" in reply.json()["error"]["message"]
+
+
+async def test_a_connection_that_sends_nothing_is_closed_quietly(
+    start_server: StartServer,
+) -> None:
+    """A new connection that sends no byte within the header timeout is closed without a reply."""
+    with trio.fail_after(5):
+        server = await start_server(header_timeout_s=0.2)
+        async with await server.connect() as silent:
+            assert await receive_until_eof(silent) == b""
+        await server.wait_no_connections()
+
+
+async def test_a_dripping_body_gets_408_at_the_request_deadline(start_server: StartServer) -> None:
+    """A body dripped a byte at a time, each read well within the idle timeout, still gets a
+    408 once head and body together take longer than request_timeout_s."""
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nAuthorization: let-me-in\r\nContent-Length: 1000\r\n\r\n"
+    with trio.fail_after(10):
+        server = await start_server(request_timeout_s=0.5, idle_timeout_s=60)
+        async with await server.connect() as stream:
+            await stream.send_all(head)
+            received = bytearray()
+            with trio.move_on_after(8):
+                while b"\r\n\r\n" not in received:
+                    await stream.send_all(b"x")
+                    with trio.move_on_after(0.05):
+                        received += await stream.receive_some()
+            received += await receive_until_eof(stream)
+        await server.wait_no_connections()
+    reply = parse_reply(bytes(received))
+    assert reply.status == 408
+    assert reply.json()["error"]["code"] == "request_timeout"
+
+
+async def test_a_refused_head_is_answered_before_any_body(start_server: StartServer) -> None:
+    """A head the App refuses (here: no credentials) is answered at once, with none of the
+    declared body sent, and the connection closes."""
+    with trio.fail_after(5):
+        server = await start_server()
+        reply = await raw_exchange(
+            server, b"POST /private HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n"
+        )
+        await server.wait_no_connections()
+    assert reply.status == 401
+    assert reply.headers["connection"] == "close"
+
+
+async def test_a_request_without_credentials_may_carry_only_a_small_body(
+    start_server: StartServer,
+) -> None:
+    """An untrusted request declaring a body over max_untrusted_body_bytes gets 413 unread;
+    the same body with credentials is served."""
+    body = b"y" * 2000
+    with trio.fail_after(5):
+        server = await start_server()
+        refused = await raw_exchange(
+            server, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n"
+        )
+        async with await server.connect() as stream:
+            served = await send_request(
+                stream, h11.Connection(h11.CLIENT), "POST", "/echo", body, headers=[TRUSTED]
+            )
+    assert refused.status == 413
+    assert "without credentials" in refused.json()["error"]["message"]
+    assert served.status == 200
+    assert served.json()["body"] == body.decode()
+
+
+async def test_a_half_closed_request_is_answered(start_server: StartServer) -> None:
+    """A client that sends a whole request and then shuts its write side gets the reply
+    (with Connection: close), then the server closes."""
+    with trio.fail_after(5):
+        server = await start_server()
+        async with await server.connect() as stream:
+            await stream.send_all(
+                b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            )
+            await stream.send_eof()
+            reply = parse_reply(await receive_until_eof(stream))
+        await server.wait_no_connections()
+    assert reply.status == 200
+    assert reply.json()["body"] == "hello"
 
 
 async def test_idle_keep_alive_connection_is_closed(start_server: StartServer) -> None:
@@ -420,20 +540,82 @@ async def test_idle_keep_alive_connection_is_closed(start_server: StartServer) -
             assert await receive_until_eof(stream) == b""
 
 
-async def test_connections_over_the_limit_get_503(start_server: StartServer) -> None:
+async def test_at_the_limit_the_longest_waiting_unauthenticated_connection_makes_room(
+    start_server: StartServer,
+) -> None:
+    """At max_connections a newcomer is served, and the connection that has shown no
+    credentials for longest is closed to make room; the younger ones stay open."""
+    with trio.fail_after(5):
+        server = await start_server(max_connections=3)
+        oldest, middle, youngest = [await server.connect() for _ in range(3)]
+        await server.stats.wait_open_connections(3)
+        async with oldest, middle, youngest:
+            reply = await raw_exchange(
+                server, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            assert await receive_until_eof(oldest) == b""
+            await server.stats.wait_open_connections(2)
+            stats = server.stats.statistics()
+        await server.wait_no_connections()
+    assert reply.status == 200
+    assert (stats.shed_total, stats.refused_total) == (1, 0)
+
+
+async def test_exposed_connections_are_shed_before_idle_authenticated_ones(
+    start_server: StartServer, app: FakeApp
+) -> None:
+    """Room for a newcomer comes from a connection that showed no credentials, even a
+    younger one, before an idle authenticated keep-alive connection; once only that idle
+    one (and authenticated work) is left, the idle one goes."""
+    with trio.fail_after(5):
+        server = await start_server(max_connections=2)
+        async with await server.connect() as trusted:
+            client = h11.Connection(h11.CLIENT)
+            served = await send_request(trusted, client, "GET", "/echo", headers=[TRUSTED])
+            assert served.status == 200
+            async with await server.connect() as exposed:
+                await server.stats.wait_open_connections(2)
+                first = await raw_exchange(
+                    server, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                assert await receive_until_eof(exposed) == b""
+            await server.stats.wait_open_connections(1)
+            async with await server.connect() as busy:
+                await busy.send_all(
+                    b"GET /private/wait HTTP/1.1\r\nHost: x\r\nAuthorization: let-me-in\r\n\r\n"
+                )
+                await app.waiting.wait()
+                second = await raw_exchange(
+                    server, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                )
+                assert await receive_until_eof(trusted) == b""
+                assert app.log == []  # the authenticated work goes on
+                await reset(busy)
+        await server.wait_no_connections()
+    assert (first.status, second.status) == (200, 200)
+    assert server.stats.statistics().shed_total == 2
+
+
+async def test_authenticated_work_is_never_shed_and_a_newcomer_then_gets_503(
+    start_server: StartServer, app: FakeApp
+) -> None:
+    """When every open connection is an authenticated request at work, a newcomer gets a
+    503 and the request at work goes on undisturbed."""
     with trio.fail_after(5):
         server = await start_server(max_connections=1)
-        async with await server.connect():
-            await server.stats.wait_open_connections(1)
+        async with await server.connect() as busy:
+            await busy.send_all(
+                b"GET /private/wait HTTP/1.1\r\nHost: x\r\nAuthorization: let-me-in\r\n\r\n"
+            )
+            await app.waiting.wait()
             async with await server.connect() as refused:
                 reply = parse_reply(await receive_until_eof(refused))
+            assert app.log == []
+            assert server.stats.statistics().open_connections == 1
+            await reset(busy)
         await server.wait_no_connections()
-        after = await raw_exchange(
-            server, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
     assert reply.status == 503
     assert reply.json()["error"]["code"] == "server_busy"
-    assert after.status == 200
     assert server.stats.statistics().refused_total == 1
 
 
@@ -460,14 +642,17 @@ async def test_app_exception_is_a_logged_500_and_the_connection_goes_on(
     assert record.exc_info is not None and "kaboom" in str(record.exc_info[1])
 
 
-async def test_client_hanging_up_cancels_its_request_handler(
+async def test_client_resetting_the_connection_cancels_its_request_handler(
     start_server: StartServer, app: FakeApp
 ) -> None:
+    """A client that resets the connection while its request is answered has the handler
+    cancelled at once."""
     with trio.fail_after(5):
         server = await start_server()
-        async with await server.connect() as stream:
-            await stream.send_all(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
-            await app.waiting.wait()
+        stream = await server.connect()
+        await stream.send_all(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+        await app.waiting.wait()
+        await reset(stream)
         await server.wait_no_connections()
     assert app.log == ["http cancelled"]
 
@@ -589,21 +774,35 @@ async def test_websocket_client_vanishing_cancels_a_handler_that_is_not_reading(
     assert app.log == ["ws cancelled"]
 
 
-async def test_websocket_invalid_frame_ends_that_connection_only(
-    start_server: StartServer, app: FakeApp
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (b"\x8f\x05hello", 1002),  # a reserved opcode, and unmasked
+        (b"\x81\x82\x00\x00\x00\x00\xff\xfe", 1007),  # a text frame that is not UTF-8
+    ],
+)
+async def test_websocket_protocol_violation_gets_a_close_frame_and_ends_that_connection_only(
+    start_server: StartServer, app: FakeApp, caplog: pytest.LogCaptureFixture, frame: bytes, code: int
 ) -> None:
+    """A frame that breaks the protocol (bad framing: 1002; invalid UTF-8 in a text frame:
+    1007) gets a close frame with that code and a warning naming it, then the connection
+    closes; the handler is released and another client is served as before."""
     with trio.fail_after(5):
         server = await start_server()
         stream, ws = await open_raw_websocket(server, "/ws")
         async with stream:
-            await stream.send_all(b"\x8f\x05hello")  # reserved opcode, and unmasked
+            await stream.send_all(frame)
             ws.receive_data(await receive_until_eof(stream))
         await app.ws_done.wait()
         await server.wait_no_connections()
         async with trio_websocket.open_websocket_url(f"ws://{HOST}:{server.port}/ws") as other:
             await other.send_message("still here")
             assert await other.get_message() == "still here"
-    assert not any(isinstance(event, Message) for event in ws.events())
+    events = list(ws.events())
+    assert not any(isinstance(event, Message) for event in events)
+    assert [e.code for e in events if isinstance(e, CloseConnection)] == [code]
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"closing it with {code}" in warning.getMessage()
 
 
 async def test_websocket_message_over_the_cap_closes_with_1009(start_server: StartServer) -> None:

@@ -1,12 +1,17 @@
 """The API application: HTTP routes, and WebSocket connections with subscriptions.
 
 Rules:
-- Everything but ``GET /api/health`` and the web page's own routes needs
-  ``Authorization: Bearer <token>``, or the page's session cookie from its own origin
-  (t3d/api/web_page.py); ``GET /metrics`` too, unless ``--metrics-open loopback`` and
-  the scraper connects from a loopback address.
-  WebSocket upgrades are accepted only on ``/ws``, with the token or the cookie, and
-  from no Origin or a loopback one.
+- Every request's ``Host`` must name the daemon as bound (t3d/api/auth.py);
+  else 421. Everything but ``GET /api/health`` and the web page's own routes
+  needs ``Authorization: Bearer <token>``, or the page's session cookie from
+  its own origin (t3d/api/web_page.py), checked on the request head before
+  any body is read (``GET /metrics`` is also open to loopback scrapers with
+  ``--metrics-open loopback``; ``/mcp`` checks Origin, then the token,
+  itself); health without credentials tells only its public part
+  (`PUBLIC_HEALTH`). A known path with a method it does not take gets 405
+  with ``Allow``; HEAD is answered wherever GET is. WebSocket upgrades are
+  accepted only on ``/ws``, with the token or the cookie, and from no Origin
+  or a loopback one.
 - On a WebSocket each request runs in its own task (at most
   `MAX_IN_FLIGHT` per connection; beyond that the connection stops reading).
   A bad frame gets an error reply; the connection stays up.
@@ -31,6 +36,7 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
+import attrs
 import orjson
 import trio
 import trio_websocket
@@ -38,12 +44,14 @@ import trio_websocket
 from t3d import waits
 from t3d.api import jsonrpc as rpc
 from t3d.api import schema
-from t3d.api.auth import bearer_ok, origin_allowed
+from t3d.api.auth import bearer_ok, host_allowed, origin_allowed
 from t3d.api.feeds import Feeds
+from t3d.api.http1 import is_websocket_upgrade
 from t3d.api.mcp import McpServer
+from t3d.api.mcp import refuse as mcp_refuse
 from t3d.api.mcp_tools import McpTools
 from t3d.api.methods import Methods, thread_not_found
-from t3d.api.transport import HttpRequest, HttpResponse
+from t3d.api.transport import HeadCheck, HttpRequest, HttpResponse
 from t3d.api.web_page import WebPage
 from t3d.errors import DatabaseUnavailableError, SpawnerError, T3dError
 from t3d.live.budget import CONNECTION_BYTES
@@ -59,9 +67,34 @@ MAX_IN_FLIGHT = 32
 # subscribe.server subscriptions a connection may hold at once.
 MAX_SERVER_SUBS = 8
 
-_THREAD_PATH = re.compile(r"^/api/threads/([^/]+)$")
-_ITEM_PATH = re.compile(r"^/api/items/([^/]+)$")
-_RESPOND_PATH = re.compile(r"^/api/requests/([^/]+)/respond$")
+# What GET /api/health tells a client without the token (the rest names agents and processes).
+PUBLIC_HEALTH = ("status", "reasons", "version", "uptime_s")
+
+RouteHandler = Callable[[HttpRequest, re.Match[str]], Awaitable[HttpResponse]]
+
+
+class Route:
+    """One HTTP path (a regular expression matched whole) and its handler per method."""
+
+    def __init__(
+        self,
+        path: str,
+        handlers: dict[str, RouteHandler],
+        *,
+        public: bool = False,
+        head: Callable[[HttpRequest, bool], HttpResponse | None] | None = None,
+    ) -> None:
+        self.pattern = re.compile(path)
+        self.handlers = handlers
+        self.public = public  # answered without the token
+        # The route's own check of a request head, given whether it carries the token;
+        # it replaces the token and method checks (a refusal, or None to go on).
+        self.head = head
+
+    def allow(self) -> str:
+        """The methods for an ``Allow`` header: HEAD wherever GET."""
+        methods = sorted(self.handlers)
+        return ", ".join([*methods, "HEAD"] if "GET" in methods else methods)
 
 
 def _json(status: int, value: Any) -> HttpResponse:
@@ -118,6 +151,32 @@ class ApiApp:
         self.mcp = McpServer(McpTools(methods, self._shell_json))
         # The web page, its sign-in links and cookie sessions (t3d/api/web_page.py).
         self.web = WebPage(token, bound)
+        # Every HTTP route: the path, the methods it takes (HEAD wherever GET), and whether
+        # it is answered without the token. check_head refuses the rest before any body.
+        self.routes: tuple[Route, ...] = (
+            Route("/api/health", {"GET": self._get_health}, public=True),
+            # The web page's routes: public, since the page checks its own credentials (the
+            # one-time link, the session cookie, the token for a new link), queries and HEADs.
+            Route("/", {"GET": self._page}, public=True),
+            Route("/static/.*", {"GET": self._page}, public=True),
+            Route("/auth", {"GET": self._page}, public=True),
+            Route("/api/auth/link", {"POST": self._page}, public=True),
+            Route("/api/auth/session", {"GET": self._page}, public=True),
+            Route("/api/auth/logout", {"POST": self._page}, public=True),
+            Route("/api/shell", {"GET": self._get_shell}),
+            Route("/api/threads/([^/]+)", {"GET": self._get_thread}),
+            Route("/api/items/([^/]+)", {"GET": self._get_item}),
+            Route("/api/requests/pending", {"GET": self._get_pending}),
+            Route("/api/requests/wait", {"GET": self._get_wait}),
+            Route("/api/requests/([^/]+)/respond", {"POST": self._post_respond}),
+            Route("/api/spawner", {"GET": self._get_spawner}),
+            Route("/api/dispatch", {"POST": self._post_dispatch}),
+            Route("/api/schema", {"GET": self._get_schema}),
+            Route("/mcp", {"POST": self._post_mcp}, head=self._mcp_head),
+            Route("/ws", {"GET": self._get_ws}),
+        )
+        if metrics is not None:  # else /metrics is not served (404)
+            self.routes += (Route("/metrics", {"GET": self._get_metrics}, head=self._metrics_head),)
 
     def _workspace_rows(self) -> Mapping[str, bytes]:
         """Thread id -> workspace status, for the shell rows a read is about to return."""
@@ -143,80 +202,153 @@ class ApiApp:
 
     # --- HTTP ----------------------------------------------------------------------
 
+    def check_head(self, request: HttpRequest) -> HeadCheck:
+        """Before any body is read: the Host must name this daemon, the token must be
+        there unless the route is public, and the route must take the method."""
+        host, port = self._bound()
+        if not host_allowed(request.headers.get("host"), host, port):
+            return HeadCheck(refusal=_wrong_host(request.headers.get("host", ""), port))
+        found = self._find(request.path)
+        if found is not None and found[0].head is not None:  # the token alone: no cookie here
+            trusted = bearer_ok(request.headers, self._token)
+            return HeadCheck(trusted=trusted, refusal=found[0].head(request, trusted))
+        trusted = self._trusted(request)
+        if not trusted and (found is None or not found[0].public):
+            return HeadCheck(refusal=_unauthorized())
+        if found is None:
+            return HeadCheck(trusted=trusted, refusal=_error(404, "not_found", f"no route for {request.method} {request.path}; see the README for the HTTP API"))
+        route = found[0]
+        if _route_method(request) not in route.handlers:
+            allow = route.allow()
+            refusal = _error(405, "method_not_allowed", f"{request.path} takes {allow}, not {request.method}")
+            return HeadCheck(trusted=trusted, refusal=attrs.evolve(refusal, headers=(("allow", allow),)))
+        return HeadCheck(trusted=trusted)
+
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
-        if request.path == "/api/health" and request.method == "GET":
-            report = self._health()
-            return _json(503 if report["status"] == "failing" else 200, report)
-        if request.path == "/mcp":  # MCP (t3d/api/mcp.py): Origin, then token, checked there
-            origin_ok = origin_allowed(request.headers.get("origin"), *self._bound())
-            return await self.mcp.handle(request, origin_ok=origin_ok, token_ok=bearer_ok(request.headers, self._token))
-        if request.path == "/metrics" and request.method == "GET" and self._metrics is not None:
-            return await self._serve_metrics(request)
-        if (page := await self.web.handle(request)) is not None:
-            return page
-        if not (bearer_ok(request.headers, self._token) or self.web.session_ok(request)):
-            return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
+        refusal = self.check_head(request).refusal  # the transport asked already; cheap to repeat
+        if refusal is not None:
+            return refusal
+        found = self._find(request.path)
+        assert found is not None
+        route, match = found
         try:
             try:
-                return await self._route(request)
+                return await route.handlers[_route_method(request)](request, match)
             except DatabaseUnavailableError as exc:
                 raise _unavailable(exc) from exc
         except rpc.RpcError as exc:
             return _json(_rpc_status(exc), {"error": {"code": exc.code, "message": exc.message, "data": exc.data}})
 
-    async def _serve_metrics(self, r: HttpRequest) -> HttpResponse:
-        """The Prometheus exposition: with the token, or from loopback when the setting allows."""
-        assert self._metrics is not None
-        if not (self._metrics_open == "loopback" and _loopback(r.peer)) and not bearer_ok(r.headers, self._token):
+    def _trusted(self, request: HttpRequest) -> bool:
+        """The token, or the web page's session cookie sent from the page itself."""
+        return bearer_ok(request.headers, self._token) or self.web.session_ok(
+            request, upgrade=is_websocket_upgrade(request)
+        )
+
+    async def _page(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        """A web page route (t3d/api/web_page.py)."""
+        page = await self.web.handle(r)
+        assert page is not None, r.path  # the route table lists only the page's paths
+        return page
+
+    def _find(self, path: str) -> tuple[Route, re.Match[str]] | None:
+        for route in self.routes:
+            if match := route.pattern.fullmatch(path):
+                return route, match
+        return None
+
+    async def _get_health(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        """The whole report with the token; without it only its public part."""
+        _only_query(r, ())
+        report = self._health()
+        status = 503 if report["status"] == "failing" else 200
+        if not self._trusted(r):
+            report = {key: report[key] for key in PUBLIC_HEALTH if key in report}
+        return _json(status, report)
+
+    async def _get_shell(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        _only_query(r, ())
+        return _pieces(await self.bases.shell_pieces())
+
+    async def _get_thread(self, r: HttpRequest, m: re.Match[str]) -> HttpResponse:
+        _only_query(r, ("turn_limit", "before"))
+        params = rpc.Params({"thread_id": m.group(1), **_int_query(r.query, ("turn_limit", "before"))})
+        thread_id, turn_limit, before = self.methods.snapshot_params(params)
+        pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
+        if pieces is None:
+            raise thread_not_found(thread_id)
+        return _pieces(pieces)
+
+    async def _get_item(self, r: HttpRequest, m: re.Match[str]) -> HttpResponse:
+        _only_query(r, ("path",))
+        path = _json_query(r.query, "path")
+        return _json(200, await self.methods.call("item.detail", {"item_id": m.group(1), "path": path}))
+
+    async def _get_pending(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        _only_query(r, ("thread_id",))
+        return _json(200, await self.methods.call("requests.pending", {"thread_id": r.query.get("thread_id")}))
+
+    async def _get_wait(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        """A long-poll for runtime requests (``requests.wait``)."""
+        _only_query(r, ("after", "thread_id", "timeout", "limit"))
+        wait = {"thread_id": r.query.get("thread_id"), **_int_query(r.query, ("after", "timeout", "limit"))}
+        return _json(200, await self.methods.call("requests.wait", wait))
+
+    async def _post_respond(self, r: HttpRequest, m: re.Match[str]) -> HttpResponse:
+        body = _body_object(r.body)
+        return _json(200, await self.methods.call("request.respond", {**body, "request_id": m.group(1)}))
+
+    async def _get_spawner(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        _only_query(r, ())
+        try:
+            return _json(200, await self._spawner.describe())
+        except SpawnerError as exc:
+            return _error(503, "spawner_unavailable", str(exc))
+
+    async def _post_dispatch(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        return await self._dispatch(r.body)
+
+    async def _get_ws(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        """A plain GET of /ws (upgrades never reach handle_http)."""
+        refusal = _error(426, "upgrade_required", "/ws speaks WebSocket; send a WebSocket upgrade (Connection: Upgrade, Upgrade: websocket)")
+        return attrs.evolve(refusal, headers=(("upgrade", "websocket"),))
+
+    async def _get_schema(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        _only_query(r, ())
+        if self._schema is None:  # built once, on first ask (t3d/api/schema.py)
+            self._schema = orjson.dumps(schema.document())
+        return HttpResponse(200, self._schema)
+
+    def _mcp_head(self, request: HttpRequest, token_ok: bool) -> HttpResponse | None:
+        """MCP checks its own head (t3d/api/mcp.py): Origin (403), then the token (401), then
+        the method and Accept, each answered the way MCP clients expect."""
+        origin_ok = origin_allowed(request.headers.get("origin"), *self._bound())
+        return mcp_refuse(request, origin_ok=origin_ok, token_ok=token_ok)
+
+    async def _post_mcp(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        origin_ok = origin_allowed(r.headers.get("origin"), *self._bound())
+        return await self.mcp.handle(r, origin_ok=origin_ok, token_ok=bearer_ok(r.headers, self._token))
+
+    def _metrics_head(self, request: HttpRequest, token_ok: bool) -> HttpResponse | None:
+        """/metrics: GET with the token, or from loopback when ``--metrics-open loopback``."""
+        if _route_method(request) != "GET":
+            refusal = _error(405, "method_not_allowed", f"/metrics takes GET, HEAD, not {request.method}")
+            return attrs.evolve(refusal, headers=(("allow", "GET, HEAD"),))
+        if not (self._metrics_open == "loopback" and _loopback(request.peer)) and not token_ok:
             return _error(
                 401, "unauthorized",
                 "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from "
                 "<state-dir>/auth/token (Prometheus: authorization.credentials_file), or start the daemon "
                 "with --metrics-open loopback to let loopback scrapers in without it",
             )  # fmt: skip
+        return None
+
+    async def _get_metrics(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        """The Prometheus exposition (t3d/observe/metrics.py)."""
+        assert self._metrics is not None
         if r.query:
             return _error(400, "invalid_params", f"unknown query parameter {', '.join(sorted(r.query))} for /metrics; it takes none")
         return HttpResponse(200, await self._metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
-
-    async def _route(self, r: HttpRequest) -> HttpResponse:
-        if r.method == "GET" and r.path == "/api/shell":
-            _only_query(r, ())
-            return _pieces(await self.bases.shell_pieces())
-        if r.method == "GET" and (m := _THREAD_PATH.match(r.path)):
-            _only_query(r, ("turn_limit", "before"))
-            params = rpc.Params({"thread_id": m.group(1), **_int_query(r.query, ("turn_limit", "before"))})
-            thread_id, turn_limit, before = self.methods.snapshot_params(params)
-            pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
-            if pieces is None:
-                raise thread_not_found(thread_id)
-            return _pieces(pieces)
-        if r.method == "GET" and (m := _ITEM_PATH.match(r.path)):
-            _only_query(r, ("path",))
-            path = _json_query(r.query, "path")
-            return _json(200, await self.methods.call("item.detail", {"item_id": m.group(1), "path": path}))
-        if r.method == "GET" and r.path == "/api/requests/pending":
-            _only_query(r, ("thread_id",))
-            return _json(200, await self.methods.call("requests.pending", {"thread_id": r.query.get("thread_id")}))
-        if r.method == "GET" and r.path == "/api/requests/wait":  # long-poll (requests.wait)
-            _only_query(r, ("after", "thread_id", "timeout", "limit"))
-            wait = {"thread_id": r.query.get("thread_id"), **_int_query(r.query, ("after", "timeout", "limit"))}
-            return _json(200, await self.methods.call("requests.wait", wait))
-        if r.method == "POST" and (m := _RESPOND_PATH.match(r.path)):
-            body = _body_object(r.body)
-            return _json(200, await self.methods.call("request.respond", {**body, "request_id": m.group(1)}))
-        if r.method == "GET" and r.path == "/api/spawner":
-            try:
-                return _json(200, await self._spawner.describe())
-            except SpawnerError as exc:
-                return _error(503, "spawner_unavailable", str(exc))
-        if r.method == "POST" and r.path == "/api/dispatch":
-            return await self._dispatch(r.body)
-        if r.method == "GET" and r.path == "/api/schema":
-            _only_query(r, ())
-            if self._schema is None:  # built once, on first ask (t3d/api/schema.py)
-                self._schema = orjson.dumps(schema.document())
-            return HttpResponse(200, self._schema)
-        return _error(404, "not_found", f"no route for {r.method} {r.path}; see the README for the HTTP API")
 
     async def _dispatch(self, frame: bytes) -> HttpResponse:
         try:
@@ -264,8 +396,8 @@ class ApiApp:
         host, port = self._bound()
         if not origin_allowed(request.headers.get("origin"), host, port):
             return _error(403, "forbidden_origin", "WebSocket upgrades from a foreign Origin are refused; connect from a loopback page or a non-browser client")
-        if not (bearer_ok(request.headers, self._token) or self.web.session_ok(request, upgrade=True)):
-            return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
+        if not self._trusted(request):
+            return _unauthorized()
         return None
 
     async def handle_websocket(self, ws: trio_websocket.WebSocketConnection, request: HttpRequest) -> None:
@@ -287,6 +419,25 @@ def _loopback(peer: str) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return address.is_loopback
+
+
+def _unauthorized() -> HttpResponse:
+    return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
+
+
+def _wrong_host(host: str, port: int) -> HttpResponse:
+    return _error(
+        421,
+        "wrong_host",
+        f"this server does not answer to Host {host!r}: it answers to 127.0.0.1, localhost and ::1 "
+        f"(or the address it listens on) at port {port}, so that a web page reaching it under another "
+        "name (DNS rebinding) is refused; connect by one of those names",
+    )
+
+
+def _route_method(request: HttpRequest) -> str:
+    """HEAD is answered as GET (the transport then sends no body)."""
+    return "GET" if request.method == "HEAD" else request.method
 
 
 def _pieces(pieces: list[bytes]) -> HttpResponse:

@@ -8,6 +8,11 @@ Rules:
 - Token comparison is constant-time.
 - Only :func:`load_or_create_token` touches the file system; the checks are
   pure.
+- A request's ``Host`` must name the daemon as it is bound (a loopback name
+  or the bound address; any IP address when bound to all of them), so a
+  DNS-rebinding page, which reaches a loopback port under a name of its own,
+  is refused. A browser ``Origin`` must be a loopback name or the bound
+  address; the unspecified addresses (``0.0.0.0``, ``::``) are neither.
 """
 
 from __future__ import annotations
@@ -133,7 +138,89 @@ def origin_allowed(origin: str | None, bound_host: str, bound_port: int) -> bool
     if parts.username is not None or parts.path or parts.query or parts.fragment:
         return False
     host = _normalize_host(parts.hostname or "")
-    return host in {*_LOOPBACK_HOSTS, _normalize_host(bound_host)}
+    return host in _bound_names(bound_host)
+
+
+def host_allowed(host_header: str | None, bound_host: str, bound_port: int) -> bool:
+    """True when a request's ``Host`` header names this daemon.
+
+    The name must be a loopback name or the bound address, or, when bound to
+    every address (``0.0.0.0``, ``::``), any IP address: a DNS-rebinding page
+    can only send a DNS name. A port, if given, must be the bound port. No
+    Host header at all (HTTP/1.0) is a non-browser client.
+    """
+    if host_header is None:
+        return True
+    authority = _split_authority(host_header.strip())
+    if authority is None:
+        return False
+    name, port = authority
+    if port is not None and port != bound_port:
+        return False
+    host = _normalize_host(name)
+    if host in _bound_names(bound_host):
+        return True
+    return _is_unspecified(bound_host) and _is_ip(host)
+
+
+def exposure_warning(host: str) -> str | None:
+    """What to warn about when listening on ``host``; None for a loopback address."""
+    if host == "localhost" or (_is_ip(host) and ipaddress.ip_address(host).is_loopback):
+        return None
+    where = (
+        f"every network interface of this host ({host})"
+        if _is_unspecified(host)
+        else f"{host}, an address beyond loopback"
+    )
+    return (
+        f"the API is served on {where}: anyone who can reach the port and holds the token "
+        "can run agents as this user, and the connection is not encrypted; "
+        "use --host 127.0.0.1 (the default) unless you mean it, and keep the token secret"
+    )
+
+
+def _bound_names(bound_host: str) -> set[str]:
+    """The host names a request may use for a daemon bound to ``bound_host``."""
+    names = set(_LOOPBACK_HOSTS)
+    if not _is_unspecified(bound_host):
+        names.add(_normalize_host(bound_host))
+    return names
+
+
+def _split_authority(authority: str) -> tuple[str, int | None] | None:
+    """``name[:port]`` or ``[v6]:port`` as (name, port); None when malformed."""
+    if authority.startswith("["):
+        name, bracket, rest = authority[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            return None
+        port_text = rest[1:]
+    elif authority.count(":") > 1:
+        return None  # an IPv6 literal must be bracketed
+    else:
+        name, _, port_text = authority.partition(":")
+    if not name:
+        return None
+    if not port_text:
+        return name, None
+    if (
+        not (port_text.isascii() and port_text.isdigit())
+        or len(port_text) > 5
+        or int(port_text) > 65535
+    ):
+        return None
+    return name, int(port_text)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def _is_unspecified(host: str) -> bool:
+    return _is_ip(host) and ipaddress.ip_address(host.strip("[]")).is_unspecified
 
 
 def _normalize_host(host: str) -> str:

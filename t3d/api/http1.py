@@ -48,6 +48,17 @@ class HttpResponse:
     headers: tuple[tuple[str, str], ...] = ()
 
 
+@attrs.frozen
+class HeadCheck:
+    """The App's verdict on a request head, given before any of its body is read."""
+
+    # The request carries valid credentials. Its connection is then not shed to make
+    # room while the request is served, and its body may be as large as the limit allows.
+    trusted: bool = False
+    # Answer this at once, read none of the body, and close the connection.
+    refusal: HttpResponse | None = None
+
+
 def error_response(status: int, code: str, message: str) -> HttpResponse:
     """The JSON error every failure is reported with."""
     return HttpResponse(status, orjson.dumps({"error": {"code": code, "message": message}}))
@@ -139,9 +150,26 @@ def unsupported_version(version: bytes) -> HttpResponse:
     )
 
 
-def body_too_large(limit: int) -> HttpResponse:
+def body_too_large(limit: int, *, trusted: bool = True) -> HttpResponse:
+    if not trusted:
+        return error_response(
+            413,
+            "body_too_large",
+            f"a request without credentials may carry at most {limit} bytes of body; "
+            "authenticate, or send no body",
+        )
     return error_response(
         413, "body_too_large", f"the request body is over {limit} bytes; send a smaller body"
+    )
+
+
+def request_timeout(part: str, seconds: float) -> HttpResponse:
+    """408 for a request whose ``part`` ("head", "body") did not arrive in time."""
+    return error_response(
+        408,
+        "request_timeout",
+        f"the request {part} did not arrive within {seconds:g} s of the request's start; "
+        "send the whole request at once",
     )
 
 

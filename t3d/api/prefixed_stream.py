@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
+
+# A WebSocket close frame from a server: FIN set, opcode 8, unmasked.
+_CLOSE_FRAME_START = 0x88
+# How long a last frame (see `PrefixedStream.farewell`) may take to send.
+_FAREWELL_SEND_S = 1.0
 
 
 class PrefixedStream(trio.abc.Stream):
@@ -10,6 +17,10 @@ class PrefixedStream(trio.abc.Stream):
 
     Sending and closing go to ``stream``. A send that ``stream`` does not
     accept within ``send_timeout_s`` fails with BrokenResourceError.
+
+    For WebSocket: ``farewell``, if set, is asked on closing for a close frame
+    to send first, unless one was already sent. The WebSocket library sends
+    each frame in one ``send_all``, so a close frame is seen by its first byte.
     """
 
     def __init__(self, prefix: bytes, stream: trio.abc.Stream, *, send_timeout_s: float) -> None:
@@ -17,6 +28,8 @@ class PrefixedStream(trio.abc.Stream):
         self._stream = stream
         self._send_timeout_s = send_timeout_s
         self._receive_ended = trio.Event()
+        self._close_frame_sent = False
+        self.farewell: Callable[[], bytes | None] | None = None
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         if self._prefix:
@@ -38,6 +51,8 @@ class PrefixedStream(trio.abc.Stream):
         await self._receive_ended.wait()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if len(data) and data[0] == _CLOSE_FRAME_START:
+            self._close_frame_sent = True
         with trio.move_on_after(self._send_timeout_s) as scope:
             await self._stream.send_all(data)
         if scope.cancelled_caught:
@@ -48,4 +63,13 @@ class PrefixedStream(trio.abc.Stream):
 
     async def aclose(self) -> None:
         self._receive_ended.set()
-        await self._stream.aclose()
+        try:
+            last = None if self._close_frame_sent or self.farewell is None else self.farewell()
+            if last:
+                self._close_frame_sent = True
+                with trio.move_on_after(_FAREWELL_SEND_S):
+                    await self._stream.send_all(last)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
+            pass  # the peer is gone (or a send is under way): no farewell
+        finally:
+            await self._stream.aclose()

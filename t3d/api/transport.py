@@ -2,35 +2,49 @@
 
 Theory of operation: one accept loop per listening socket gives every
 connection its own task and nursery. The task parses HTTP/1.1 with h11 and
-hands each complete request to the :class:`App`. A GET that asks to upgrade
-to WebSocket goes, with every byte already read for it, to trio-websocket,
-and the App then owns the conversation. When a connection ends, its nursery
-is cancelled: no task, buffer or body started for it outlives it.
+asks the :class:`App` about each request head (:meth:`App.check_head`)
+before it reads any of the body: a refusal (no token, wrong Host, wrong
+method) is answered at once and the connection closes. An admitted request
+is read whole, within one deadline for head and body together, and handed
+to the App. A GET that asks to upgrade to WebSocket goes, with every byte
+already read for it, to trio-websocket, and the App then owns the
+conversation. When a connection ends, its nursery is cancelled: no task,
+buffer or body started for it outlives it.
 
 Rules:
 - Every wait on a peer has a deadline and every buffer a bound
   (:class:`TransportLimits`); at a bound the peer gets a JSON error, where
   HTTP still allows one, and the connection closes.
+- Capacity goes to those who show credentials: at the connection limit the
+  connection that has shown none for longest is closed to make room, then
+  the longest-idle authenticated one (t3d/api/shedding.py); a request
+  without credentials may carry only a small body.
 - A connection is a supervision boundary. Whatever goes wrong inside it ends
   that connection alone; the server and the other connections carry on.
 - An App that raises while answering HTTP gets its client a 500, and the
   connection stays usable.
-- An HTTP client that hangs up while its request is being answered, or a
-  WebSocket client whose stream ends, has its handler cancelled at once.
+- A complete request is answered even if the client then half-closes its
+  side; a client that resets the connection while its request is answered,
+  or a WebSocket client whose stream ends, has its handler cancelled at once.
+- A WebSocket peer that breaks the protocol (bad UTF-8, bad framing) gets a
+  close frame with 1007 or 1002 and a log line, not a silent close.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-from collections.abc import Sequence
+import resource
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
 import h11
 import trio
 import trio_websocket
+from wsproto.frame_protocol import FrameProtocol
 
+from t3d.api.http1 import HeadCheck as HeadCheck
 from t3d.api.http1 import HttpRequest as HttpRequest
 from t3d.api.http1 import HttpResponse as HttpResponse
 from t3d.api.http1 import (
@@ -42,9 +56,11 @@ from t3d.api.http1 import (
     handshake_problem,
     is_websocket_upgrade,
     parse_request,
+    request_timeout,
     unsupported_version,
 )
 from t3d.api.prefixed_stream import PrefixedStream
+from t3d.api.shedding import ConnectionTable, Slot, Standing
 from t3d.errors import T3dError
 
 logger = logging.getLogger("t3d.api")
@@ -56,9 +72,15 @@ _LINGER_S = 1.0
 # A 503 for a connection over the limit is written inline by the accept loop,
 # so it must never wait long.
 _REFUSAL_SEND_S = 0.5
-# Accept errors that mean "out of descriptors or memory for now": wait, retry.
+# Accept errors that mean "out of descriptors or memory for now": shed, or wait and retry.
 _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_RETRY_S = 0.1
+# Descriptors the process keeps for everything but connections (database, spawner, agents).
+_OTHER_DESCRIPTORS = 256
+# At most one warning per this many seconds while connections are being shed.
+_SHED_WARNING_EVERY_S = 60.0
+# Close codes we send when wsproto finds the peer broke the protocol.
+_PROTOCOL_ERROR_CODES = frozenset({1002, 1007, 1009})
 # Ends of a connection that are the peer's doing (or a deadline), not a bug.
 _PEER_ENDINGS = (
     trio.BrokenResourceError,
@@ -78,11 +100,20 @@ class TransportLimits:
 
     max_header_bytes: int = 64 * 1024  # request line + headers; over it: 431, close
     max_body_bytes: int = 8 * 1024 * 1024  # request body; over it: 413, close
-    header_timeout_s: float = 10.0  # a new connection's request head, any head once begun,
-    # and a WebSocket handshake must complete within this; else close
-    idle_timeout_s: float = 60.0  # keep-alive wait for the next request, a stalled body read,
-    # or a peer that accepts none of our bytes for this long: close
-    max_connections: int = 1024  # open connections; one more gets a 503 and is closed
+    # Body of a request the App did not find trusted (public routes take none); over it: 413.
+    max_untrusted_body_bytes: int = 1024
+    # A request head must be complete this long after its first byte (after the accept, on
+    # a new connection), and a WebSocket handshake must complete within it; else 408, close.
+    header_timeout_s: float = 10.0
+    # Head and body together must be complete this long after the head's start; else 408.
+    request_timeout_s: float = 30.0
+    # Keep-alive wait for the next request, or a peer that accepts none of our bytes
+    # for this long: close.
+    idle_timeout_s: float = 60.0
+    # Open connections. At the limit the connection that has gone longest without showing
+    # credentials is closed to make room, then the longest-idle authenticated one; when
+    # every connection is an authenticated one at work, the newcomer gets a 503.
+    max_connections: int = 1024
     ws_max_message_bytes: int = 4 * 1024 * 1024  # received message; over it: close code 1009
     ws_message_queue_size: int = 16  # received, unread messages; when full we stop reading
     ws_close_timeout_s: float = 5.0  # wait for the peer's close frame; then drop the socket
@@ -90,6 +121,14 @@ class TransportLimits:
 
 class App(Protocol):
     """What the transport serves; the API layer implements it."""
+
+    def check_head(self, request: HttpRequest) -> HeadCheck:
+        """Cheap and without I/O: may this request go on, and does it carry credentials?
+
+        Called for every request head (WebSocket upgrades included) before any
+        of its body is read.
+        """
+        ...
 
     async def handle_http(self, request: HttpRequest) -> HttpResponse: ...
 
@@ -106,7 +145,8 @@ class App(Protocol):
 class TransportStatistics:
     open_connections: int
     accepted_total: int
-    refused_total: int  # turned away with a 503 at max_connections
+    refused_total: int  # turned away with a 503: at max_connections with nothing to shed
+    shed_total: int  # closed to make room for a newcomer (or a descriptor)
 
 
 class TransportStats:
@@ -116,10 +156,11 @@ class TransportStats:
         self._open = 0
         self._accepted = 0
         self._refused = 0
+        self._shed = 0
         self._changed = trio.Event()
 
     def statistics(self) -> TransportStatistics:
-        return TransportStatistics(self._open, self._accepted, self._refused)
+        return TransportStatistics(self._open, self._accepted, self._refused, self._shed)
 
     async def wait_open_connections(self, count: int) -> None:
         """Wait until exactly ``count`` connections are open."""
@@ -131,8 +172,9 @@ class TransportStats:
         self._accepted += 1
         self._notify()
 
-    def _closed(self) -> None:
+    def _closed(self, *, shed: bool = False) -> None:
         self._open -= 1
+        self._shed += shed
         self._notify()
 
     def _refused_one(self) -> None:
@@ -174,6 +216,7 @@ async def serve_api_transport(
     With port 0 and a host name that resolves to several addresses, only the
     first address is served, since the kernel would pick a different port for each.
     """
+    _ensure_descriptors(limits.max_connections)
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
@@ -181,54 +224,138 @@ async def serve_api_transport(
     if port == 0:
         await _close_all(listeners[1:])
         del listeners[1:]
-    if stats is None:
-        stats = TransportStats()
+    server = _Server(app, limits, stats or TransportStats())
     try:
         async with trio.open_nursery() as nursery:
             for listener in listeners:
-                nursery.start_soon(_accept_connections, listener, nursery, app, limits, stats)
+                nursery.start_soon(server.accept_connections, listener, nursery)
             task_status.started(listeners[0].socket.getsockname()[1])
     finally:
         await _close_all(listeners)
 
 
+def _ensure_descriptors(max_connections: int) -> None:
+    """Raise the soft descriptor limit so max_connections fit beside everything else.
+
+    Each connection is one descriptor; an accept that fails for want of one
+    sheds a connection instead, but the limit should rarely be what decides.
+    """
+    wanted = max_connections + _OTHER_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        logger.warning(
+            "this process may open only %d files (ulimit -n); %d connections and the daemon's "
+            "own files need %d: beyond that, the oldest unauthenticated connections are "
+            "closed to make room; raise the hard limit (LimitNOFILE= in a systemd unit)",
+            target,
+            max_connections,
+            wanted,
+        )
+
+
 async def _close_all(resources: Sequence[trio.SocketListener | trio.SocketStream]) -> None:
     """Close sockets even when cancelled; closing a socket never blocks, so the shield is safe."""
     with trio.CancelScope(shield=True):
-        for resource in resources:
-            await resource.aclose()
+        for resource_ in resources:
+            await resource_.aclose()
 
 
-async def _accept_connections(
-    listener: trio.SocketListener,
-    nursery: trio.Nursery,
-    app: App,
-    limits: TransportLimits,
-    stats: TransportStats,
-) -> None:
-    while True:
+@attrs.define(eq=False)
+class _Handle:
+    """What the connection table holds for one connection: enough to shed it."""
+
+    stream: trio.SocketStream
+    scope: trio.CancelScope = attrs.Factory(trio.CancelScope)
+
+    def shed(self) -> None:
+        """Close the socket now (its descriptor is free at once) and cancel its task."""
+        self.scope.cancel()
+        self.stream.socket.close()
+
+
+class _Server:
+    """The connection table and counters shared by one server's listeners."""
+
+    def __init__(self, app: App, limits: TransportLimits, stats: TransportStats) -> None:
+        self.app = app
+        self.limits = limits
+        self.stats = stats
+        self.table: ConnectionTable[_Handle] = ConnectionTable()
+        self._shed_since_warning = 0
+        self._next_warning = 0.0
+
+    async def accept_connections(
+        self, listener: trio.SocketListener, nursery: trio.Nursery
+    ) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                    raise
+                if self._shed_one(f"accept failed: {exc.strerror or exc}"):
+                    continue
+                logger.error("accept failed (%s); retrying in %.1f s", exc, _ACCEPT_RETRY_S)
+                await trio.sleep(_ACCEPT_RETRY_S)
+                continue
+            if len(self.table) >= self.limits.max_connections and not self._shed_one(
+                f"at the limit of {self.limits.max_connections} connections"
+            ):
+                self.stats._refused_one()
+                await _refuse_busy(stream, self.limits.max_connections)
+                continue
+            slot = self.table.add(_Handle(stream))
+            self.stats._opened()
+            nursery.start_soon(self.serve_connection, slot)
+
+    def _shed_one(self, why: str) -> bool:
+        handle = self.table.shed_one()
+        if handle is None:
+            return False
+        handle.shed()
+        self.stats._closed(shed=True)
+        self._shed_since_warning += 1
+        now = trio.current_time()
+        if now >= self._next_warning:
+            logger.warning(
+                "%s: closed %d connection(s) that showed no token, or were idle, to make room "
+                "(the oldest first); authenticated requests in progress are kept",
+                why,
+                self._shed_since_warning,
+            )
+            self._shed_since_warning = 0
+            self._next_warning = now + _SHED_WARNING_EVERY_S
+        return True
+
+    async def serve_connection(self, slot: Slot[_Handle]) -> None:
+        """One connection's supervision boundary: whatever happens inside ends it alone."""
+        handle = slot.value
         try:
-            stream = await listener.accept()
-        except OSError as exc:
-            if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
-                raise
-            logger.error("accept failed (%s); retrying in %.1f s", exc, _ACCEPT_RETRY_S)
-            await trio.sleep(_ACCEPT_RETRY_S)
-            continue
-        if stats.statistics().open_connections >= limits.max_connections:
-            stats._refused_one()
-            await _refuse_busy(stream, limits.max_connections)
-            continue
-        stats._opened()
-        nursery.start_soon(_serve_connection, stream, app, limits, stats)
+            with handle.scope:
+                async with trio.open_nursery() as nursery:
+                    await _Connection(handle.stream, self.app, self.limits, nursery, slot).serve()
+                    nursery.cancel_scope.cancel()
+        except* _PEER_ENDINGS as group:
+            logger.debug("connection ended by the peer: %r", group.exceptions)
+        except* Exception:
+            logger.exception("connection failed; closing it")
+        finally:
+            await _close_all([handle.stream])
+            if slot.leave():
+                self.stats._closed()
 
 
 async def _refuse_busy(stream: trio.SocketStream, max_connections: int) -> None:
     response = error_response(
         503,
         "server_busy",
-        f"the server already has {max_connections} open connections; "
-        "close idle connections or retry shortly",
+        f"the server already has {max_connections} open connections, all authenticated "
+        "and busy; close idle connections or retry shortly",
     )
     data = encode_response(h11.Connection(h11.SERVER), response, close=True)
     try:
@@ -238,23 +365,6 @@ async def _refuse_busy(stream: trio.SocketStream, max_connections: int) -> None:
         pass
     finally:
         await _close_all([stream])
-
-
-async def _serve_connection(
-    stream: trio.SocketStream, app: App, limits: TransportLimits, stats: TransportStats
-) -> None:
-    """One connection's supervision boundary: whatever happens inside ends it alone."""
-    try:
-        async with trio.open_nursery() as nursery:
-            await _Connection(stream, app, limits, nursery).serve()
-            nursery.cancel_scope.cancel()
-    except* _PEER_ENDINGS as group:
-        logger.debug("connection ended by the peer: %r", group.exceptions)
-    except* Exception:
-        logger.exception("connection failed; closing it")
-    finally:
-        await _close_all([stream])
-        stats._closed()
 
 
 class _Refusal(Exception):
@@ -269,18 +379,27 @@ class _Connection:
     """HTTP/1.1 on one socket: requests in, App responses out, until close or upgrade."""
 
     def __init__(
-        self, stream: trio.SocketStream, app: App, limits: TransportLimits, nursery: trio.Nursery
+        self,
+        stream: trio.SocketStream,
+        app: App,
+        limits: TransportLimits,
+        nursery: trio.Nursery,
+        slot: Slot[_Handle],
     ) -> None:
         self._stream = stream
         self._app = app
         self._limits = limits
         self._nursery = nursery
+        self._slot = slot
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_header_bytes)
         # Every byte from the start of the current request head on (bounded by
         # max_header_bytes); replayed to trio-websocket on upgrade.
         self._head_bytes = bytearray()
         self._served = 0
         self._peer = _peer_address(stream)
+        # When the current request began: the accept for the first, else its first byte.
+        self._request_started = trio.current_time()
+        self._trusted = False  # the current (or, between requests, the last) request's
 
     async def serve(self) -> None:
         try:
@@ -298,50 +417,73 @@ class _Connection:
             return False
         if head.http_version not in (b"1.0", b"1.1"):
             raise _Refusal(unsupported_version(head.http_version))
-        request = parse_request(head)
+        request = attrs.evolve(parse_request(head), peer=self._peer)
+        check = self._app.check_head(request)
+        self._trusted = check.trusted
+        self._slot.stand(Standing.PROTECTED if check.trusted else Standing.EXPOSED)
+        if check.refusal is not None:
+            raise _Refusal(check.refusal)
         if is_websocket_upgrade(request):
             await self._serve_websocket(request)
             return False
-        request = attrs.evolve(request, body=await self._receive_body(head), peer=self._peer)
+        request = attrs.evolve(request, body=await self._receive_body(head))
         response = await self._respond_unless_abandoned(request)
         if response is None:
             return False
-        await self._send_response(response, close=False, with_body=request.method != "HEAD")
+        half_closed = self._h11.trailing_data[1]  # the peer sent its request, then its EOF
+        await self._send_response(response, close=half_closed, with_body=request.method != "HEAD")
         self._served += 1
+        self._slot.stand(Standing.IDLE if self._trusted else Standing.EXPOSED)
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
             return True
         await self._close_gracefully()
         return False
 
     async def _receive_head(self) -> h11.Request | None:
-        """The next request head, or None if the peer closed between requests."""
+        """The next request head; None if the peer closed, or sent nothing in time."""
         if self._served and not self._h11.trailing_data[0]:
-            with trio.fail_after(self._limits.idle_timeout_s):
+            with trio.move_on_after(self._limits.idle_timeout_s):
                 await self._receive_into_h11(in_head=True)
-        with trio.fail_after(self._limits.header_timeout_s):
+            if not self._head_bytes and not self._h11.trailing_data[1]:
+                return None  # idle for too long: close quietly
+        if self._served:
+            self._request_started = trio.current_time()
+        with trio.move_on_at(self._request_started + self._limits.header_timeout_s) as scope:
             event = await self._next_event(in_head=True)
+        if scope.cancelled_caught:
+            if self._head_bytes:
+                raise _Refusal(request_timeout("head", self._limits.header_timeout_s))
+            return None  # a connection that never sent a byte: close quietly
         if isinstance(event, h11.ConnectionClosed):
             return None
         assert isinstance(event, h11.Request)
         return event
 
     async def _receive_body(self, head: h11.Request) -> bytes:
-        limit = self._limits.max_body_bytes
+        """The whole body, due by the request's deadline (not a per-read one)."""
+        deadline = self._request_started + self._limits.request_timeout_s
+        with trio.move_on_at(deadline) as scope:
+            return await self._read_body(head)
+        assert scope.cancelled_caught
+        raise _Refusal(request_timeout("body", self._limits.request_timeout_s))
+
+    async def _read_body(self, head: h11.Request) -> bytes:
+        trusted = self._trusted
+        limit = self._limits.max_body_bytes if trusted else self._limits.max_untrusted_body_bytes
         declared = declared_length(head)
         if declared is not None and declared > limit:
-            raise _Refusal(body_too_large(limit))
+            raise _Refusal(body_too_large(limit, trusted=trusted))
         if self._h11.they_are_waiting_for_100_continue:
             await self._send(h11.InformationalResponse(status_code=100, headers=[]))
         chunks: list[bytes] = []
         size = 0
         while True:
-            with trio.fail_after(self._limits.idle_timeout_s):
-                event = await self._next_event(in_head=False)
+            event = await self._next_event(in_head=False)
             if not isinstance(event, h11.Data):  # h11 yields only Data, then EndOfMessage
                 return b"".join(chunks)
             size += len(event.data)
             if size > limit:
-                raise _Refusal(body_too_large(limit))
+                raise _Refusal(body_too_large(limit, trusted=trusted))
             chunks.append(bytes(event.data))
 
     async def _next_event(self, *, in_head: bool) -> h11.Event:
@@ -381,7 +523,7 @@ class _Connection:
         )
 
     async def _respond_unless_abandoned(self, request: HttpRequest) -> HttpResponse | None:
-        """Run the App while watching the socket; None if the peer hung up first."""
+        """Run the App while watching the socket; None if the peer reset the connection first."""
         responses: list[HttpResponse] = []
         async with trio.open_nursery() as nursery:
 
@@ -390,21 +532,21 @@ class _Connection:
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(respond)
-            await self._wait_for_hangup()
+            await self._wait_for_reset()
             nursery.cancel_scope.cancel()
         return responses[0] if responses else None
 
-    async def _wait_for_hangup(self) -> None:
-        """Return when the peer closes or resets the connection.
+    async def _wait_for_reset(self) -> None:
+        """Return when the peer resets the connection; wait forever otherwise.
 
-        Bytes of a pipelined next request are kept for the next cycle; from
-        then on this request is answered without watching.
+        An end of stream is the peer's half-close: its request is complete,
+        so it is answered (and the connection then closes). Bytes of a
+        pipelined next request are kept for the next cycle; from then on this
+        request is answered without watching.
         """
         try:
             data = await self._stream.receive_some(_RECEIVE_CHUNK)
         except trio.BrokenResourceError:
-            return
-        if not data:
             return
         self._h11.receive_data(data)
         await trio.sleep_forever()
@@ -426,6 +568,7 @@ class _Connection:
                 max_message_size=limits.ws_max_message_bytes,
             )
             ws = await proposal.accept()
+        stream.farewell = _protocol_error_farewell(ws, request)
         await _run_websocket_app(self._app, ws, request, stream, limits.ws_close_timeout_s)
 
     async def _send_response(
@@ -469,6 +612,32 @@ async def _call_app(app: App, request: HttpRequest) -> HttpResponse:
     except Exception:
         logger.exception("%s %s failed", request.method, request.path)
         return error_response(500, "internal", "internal error; the server log has the details")
+
+
+def _protocol_error_farewell(
+    ws: trio_websocket.WebSocketConnection, request: HttpRequest
+) -> Callable[[], bytes | None]:
+    """The close frame to send when the stream closes because the peer broke the protocol.
+
+    wsproto reports a bad frame (invalid UTF-8: 1007; bad framing: 1002) as if
+    the peer had closed with that code, and trio-websocket then drops the
+    stream without a close frame of ours. The stream asks this on closing.
+    """
+
+    def farewell() -> bytes | None:
+        reason = ws.closed
+        if reason is None or reason.code not in _PROTOCOL_ERROR_CODES:
+            return None
+        logger.warning(
+            "a WebSocket client on %s broke the protocol (%s); closing it with %d",
+            request.path,
+            reason.reason,
+            reason.code,
+        )
+        frame = FrameProtocol(client=False, extensions=[]).close(reason.code, reason.reason)
+        return bytes(frame)
+
+    return farewell
 
 
 async def _run_websocket_app(
