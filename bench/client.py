@@ -253,14 +253,16 @@ class McpClient:
         return result["structuredContent"]
 
 
-async def http_get_once(port: int, path: str) -> tuple[int, bytes]:
-    """GET over a fresh connection (``Connection: close``): (status, body)."""
+async def http_get_once(port: int, path: str, token: str | None = None) -> tuple[int, bytes]:
+    """GET over a fresh connection (``Connection: close``): (status, body). With ``token``,
+    as an authenticated client (``/api/health`` then returns its whole report)."""
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
         conn = h11.Connection(h11.CLIENT)
-        request = h11.Request(
-            method="GET", target=path, headers=[("Host", "127.0.0.1"), ("Connection", "close")]
-        )
+        headers = [("Host", f"127.0.0.1:{port}"), ("Connection", "close")]
+        if token is not None:
+            headers.append(("Authorization", f"Bearer {token}"))
+        request = h11.Request(method="GET", target=path, headers=headers)
         await stream.send_all(conn.send(request) + conn.send(h11.EndOfMessage()))
         status, chunks = 0, []
         while True:

@@ -1,9 +1,10 @@
-"""The health prober: ``python -m bench.prober PORT UNTIL OUT`` in a process of its own.
+"""The health prober: ``python -m bench.prober PORT UNTIL OUT TOKEN_FILE`` in a process of its own.
 
 Every 100 ms it sends ``GET /api/health`` over a fresh TCP connection (the accept path
 included, as a monitoring probe does) and keeps, per sample, the monotonic time, the
 round trip in ms and the loop lag the daemon reported (``loop_lag_ms``: ``last``, ``p99``
-and ``max`` of its recent samples). A failed probe is kept with a round trip of None.
+and ``max`` of its recent samples; the whole report needs the token, read from
+``TOKEN_FILE``). A failed probe is kept with a round trip of None.
 At ``UNTIL`` (monotonic seconds) it writes the samples to ``OUT`` as JSON and exits 0.
 Its own process keeps the load clients' scheduling out of its figures.
 """
@@ -34,14 +35,14 @@ def lag_of(body: bytes) -> tuple[float | None, float | None, float | None]:
     return lag.get("last"), lag.get("p99"), lag.get("max")
 
 
-async def probe_until(port: int, until: float) -> list[list[Any]]:
+async def probe_until(port: int, until: float, token: str | None = None) -> list[list[Any]]:
     samples: list[list[Any]] = []
     while (started := time.monotonic()) < until:
         latency: float | None = None
         lag: tuple[float | None, float | None, float | None] = (None, None, None)
         with trio.move_on_after(TIMEOUT_S):
             try:
-                status, body = await http_get_once(port, "/api/health")
+                status, body = await http_get_once(port, "/api/health", token)
             except (OSError, trio.BrokenResourceError, h11.ProtocolError):  # a daemon restarting
                 status, body = 0, b""
             if status == 200:
@@ -54,7 +55,8 @@ async def probe_until(port: int, until: float) -> list[list[Any]]:
 
 def main(argv: list[str]) -> int:
     port, until, out = int(argv[0]), float(argv[1]), Path(argv[2])
-    samples = trio.run(probe_until, port, until)
+    token = Path(argv[3]).read_text().strip() if len(argv) > 3 else None
+    samples = trio.run(probe_until, port, until, token)
     out.write_bytes(orjson.dumps(samples))
     return 0
 

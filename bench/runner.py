@@ -233,6 +233,7 @@ async def _drive(
                         str(daemon.port),
                         str(end),
                         str(probe_out),
+                        str(daemon.state.token_path),
                     ]
                 )
                 sampler.driver_pids.append(prober.pid)

@@ -163,7 +163,7 @@ async def test_a_held_turn_is_queued_with_its_reason_in_snapshots_and_ctl_thread
             _, shell = await http(daemon, "GET", "/api/shell")
             table = format_threads(shell["threads"], {}, {}, 0.0)
             assert "queued (max_active_turns)" in table
-            _, health = await http(daemon, "GET", "/api/health", token=False)
+            _, health = await http(daemon, "GET", "/api/health")
             assert health["admission"]["held_turns"] == 1 and health["admission"]["active_turns"] == 1
 
             await client.call("request.respond", request_id=request["entity"]["id"], decision="allow")
@@ -182,16 +182,16 @@ async def test_a_saturated_loop_shows_in_health_and_recovers(nursery: trio.Nurse
         while trio.current_time() < deadline:
             time.sleep(0.045)  # noqa: ASYNC251  (the point: the loop is held)
             await trio.lowlevel.checkpoint()
-        _, health = await http(daemon, "GET", "/api/health", token=False)
+        _, health = await http(daemon, "GET", "/api/health")
         assert health["admission"]["state"] == "saturated"
         assert health["status"] == "degraded"
         assert "the event loop is saturated; new turns are held back" in health["reasons"]
         assert health["loop_lag_ms"]["p99"] >= 30
 
         async def reopened() -> bool:
-            _, health = await http(daemon, "GET", "/api/health", token=False)
+            _, health = await http(daemon, "GET", "/api/health")
             return bool(health["admission"]["state"] == "open")
 
         await wait_until(reopened, interval=0.2)
-        _, health = await http(daemon, "GET", "/api/health", token=False)
+        _, health = await http(daemon, "GET", "/api/health")
         assert health["admission"]["saturated_s"] > 0

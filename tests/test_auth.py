@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from t3d.api.auth import bearer_ok, load_or_create_token, origin_allowed
+from t3d.api.auth import (
+    bearer_ok,
+    exposure_warning,
+    host_allowed,
+    load_or_create_token,
+    origin_allowed,
+)
 from t3d.errors import ConfigError
 
 
@@ -123,3 +129,74 @@ def test_origin_ipv6_bound_host_is_compared_canonically() -> None:
     assert origin_allowed("http://[fd00::1]:80", "fd00:0:0::1", 80)
     assert origin_allowed("http://[fd00::1]", "[fd00::1]", 80)
     assert not origin_allowed("http://[fd00::2]:80", "fd00::1", 80)
+
+
+@pytest.mark.parametrize("bound", ["0.0.0.0", "::"])
+def test_origin_of_an_unspecified_address_is_not_loopback(bound: str) -> None:
+    """Bound to every address, ``http://0.0.0.0:PORT`` (or ``[::]``) is a foreign origin,
+    while loopback origins stay allowed."""
+    assert not origin_allowed("http://0.0.0.0:3774", bound, 3774)
+    assert not origin_allowed("http://[::]:3774", bound, 3774)
+    assert origin_allowed("http://127.0.0.1:3774", bound, 3774)
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        (None, True),  # HTTP/1.0 without Host: not a browser
+        ("127.0.0.1:3774", True),
+        ("127.0.0.1", True),  # no port: the name decides
+        ("localhost:3774", True),
+        ("LocalHost:3774", True),
+        ("[::1]:3774", True),
+        ("[0:0::1]:3774", True),
+        ("127.0.0.1:3775", False),  # another port
+        ("evil.example:3774", False),  # DNS rebinding
+        ("localhost.evil.example:3774", False),
+        ("10.0.0.9:3774", False),  # not the bound address
+        ("::1", False),  # an IPv6 literal must be bracketed
+        ("[::1:3774", False),
+        ("[::1]x:3774", False),
+        ("127.0.0.1:port", False),
+        ("127.0.0.1:99999", False),
+        ("127.0.0.1:\u00b2", False),  # a digit, but not an ASCII one
+        (":3774", False),
+        ("", False),
+    ],
+)
+def test_host_matrix_on_loopback(host: str | None, expected: bool) -> None:
+    """Host must be a loopback name (or the bound address) with the bound port, if any."""
+    assert host_allowed(host, "127.0.0.1", 3774) is expected
+
+
+def test_host_of_a_specific_bound_address_and_of_a_wildcard_bind() -> None:
+    """Bound to one address, that address is accepted besides loopback; bound to every
+    address, any IP address is (a rebinding page can only send a DNS name); DNS names other
+    than localhost never are."""
+    assert host_allowed("10.0.0.5:3774", "10.0.0.5", 3774)
+    assert host_allowed("[fd00::1]:3774", "fd00:0::1", 3774)
+    assert not host_allowed("10.0.0.6:3774", "10.0.0.5", 3774)
+    for bound in ("0.0.0.0", "::"):
+        assert host_allowed("192.168.1.20:3774", bound, 3774)
+        assert host_allowed("[fd00::7]:3774", bound, 3774)
+        assert host_allowed("localhost:3774", bound, 3774)
+        assert not host_allowed("myhost.lan:3774", bound, 3774)
+        assert not host_allowed("192.168.1.20:80", bound, 3774)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
+def test_no_exposure_warning_for_loopback(host: str) -> None:
+    """Loopback listen addresses need no warning."""
+    assert exposure_warning(host) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "says"), [("0.0.0.0", "every network interface"), ("::", "every network interface"), ("192.168.1.20", "beyond loopback")]
+)
+def test_exposure_warning_for_addresses_beyond_loopback(host: str, says: str) -> None:
+    """A listen address beyond loopback gets a warning that says what is exposed and the fix."""
+    warning = exposure_warning(host)
+    assert warning is not None
+    assert says in warning
+    assert host in warning
+    assert "--host 127.0.0.1" in warning

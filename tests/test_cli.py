@@ -343,7 +343,7 @@ async def test_serve_tunes_the_collector_and_health_shows_its_pauses(daemon: Ser
     """`t3d serve` froze its start-up objects and raised the young threshold to 10,000
     (t3d/gc_tuning.py); /api/health reports the thresholds and, per generation, the
     collections and their pauses."""
-    status, health = await http(daemon, "GET", "/api/health", token=False)  # type: ignore[arg-type]
+    status, health = await http(daemon, "GET", "/api/health")  # type: ignore[arg-type]
     assert status == 200
     gc_report = health["gc"]
     assert gc_report["threshold"][0] == 10_000

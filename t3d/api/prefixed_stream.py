@@ -29,6 +29,7 @@ class PrefixedStream(trio.abc.Stream):
         self._send_timeout_s = send_timeout_s
         self._receive_ended = trio.Event()
         self._close_frame_sent = False
+        self._send_lock = trio.Lock()
         self.farewell: Callable[[], bytes | None] | None = None
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
@@ -51,10 +52,11 @@ class PrefixedStream(trio.abc.Stream):
         await self._receive_ended.wait()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if len(data) and data[0] == _CLOSE_FRAME_START:
-            self._close_frame_sent = True
-        with trio.move_on_after(self._send_timeout_s) as scope:
-            await self._stream.send_all(data)
+        async with self._send_lock:  # the farewell may come from another task
+            if len(data) and data[0] == _CLOSE_FRAME_START:
+                self._close_frame_sent = True
+            with trio.move_on_after(self._send_timeout_s) as scope:
+                await self._stream.send_all(data)
         if scope.cancelled_caught:
             raise trio.BrokenResourceError(f"the peer took no data for {self._send_timeout_s} s")
 
@@ -64,12 +66,14 @@ class PrefixedStream(trio.abc.Stream):
     async def aclose(self) -> None:
         self._receive_ended.set()
         try:
-            last = None if self._close_frame_sent or self.farewell is None else self.farewell()
-            if last:
-                self._close_frame_sent = True
-                with trio.move_on_after(_FAREWELL_SEND_S):
-                    await self._stream.send_all(last)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError):
-            pass  # the peer is gone (or a send is under way): no farewell
+            # Shielded and bounded: a close under cancellation still says goodbye, briefly.
+            with trio.CancelScope(shield=True), trio.move_on_after(_FAREWELL_SEND_S):
+                async with self._send_lock:
+                    last = None if self._close_frame_sent else self.farewell and self.farewell()
+                    if last:
+                        self._close_frame_sent = True
+                        await self._stream.send_all(last)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer is gone: there is no one to tell
         finally:
             await self._stream.aclose()

@@ -666,3 +666,4 @@ async def _run_websocket_app(
         code = 1011
     with trio.move_on_after(close_timeout_s):
         await ws.aclose(code)
+    await stream.aclose()  # sends the farewell, if the WebSocket library's own close was cut short

@@ -49,7 +49,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
 
 
 async def _status(args: argparse.Namespace, endpoint: Endpoint) -> int:
-    health = await http_get_json(endpoint, "/api/health")
+    try:
+        token: str | None = read_token(endpoint.token_path)
+    except CtlError:
+        token = None  # health's public part still says whether the daemon is up; the shell read then names the token problem
+    health = await http_get_json(endpoint, "/api/health", token=token)
     if not isinstance(health, dict):
         raise CtlError(
             f"{endpoint.url}/api/health answered {type(health).__name__}, not an object; is this a t3d daemon?"

@@ -1,0 +1,399 @@
+"""What the daemon's HTTP side shows, and to whom: Host checks, health's public part, 405
+and HEAD, refusals on the request head, bodies it will not buffer, hostile WebSocket frames.
+
+A real daemon on 127.0.0.1 port 0 (tests/harness.py); clients are raw sockets so that
+each misbehaviour can be played exactly. Each test states the behaviour it pins.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+import pytest
+import trio
+from harness import Daemon, http, open_client, start_daemon
+from served import base_env
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, CloseConnection, Request
+
+
+@attrs.frozen
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+def parse_reply(data: bytes) -> Reply:
+    """The first response in ``data`` (a HEAD reply has a length but no body)."""
+    head, _, rest = data.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        headers[name.lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    return Reply(int(status_line.split()[1]), headers, rest[:length])
+
+
+async def receive_until_eof(stream: trio.SocketStream) -> bytes:
+    chunks = []
+    while chunk := await stream.receive_some():
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request_bytes(
+    daemon: Daemon,
+    method: str,
+    target: str,
+    *,
+    token: bool = False,
+    host: str | None = None,
+    headers: tuple[tuple[str, str], ...] = (),
+    body: bytes = b"",
+) -> bytes:
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {host or f'127.0.0.1:{daemon.info.port}'}"]
+    if token:
+        lines.append(f"Authorization: Bearer {daemon.token}")
+    lines += [f"{name}: {value}" for name, value in headers]
+    if body and not any(name.lower() == "content-length" for name, _ in headers):
+        lines.append(f"Content-Length: {len(body)}")
+    lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+async def exchange(daemon: Daemon, data: bytes, *, half_close: bool = False) -> Reply:
+    """Send ``data`` on a fresh connection (then EOF if ``half_close``); the reply."""
+    async with await trio.open_tcp_stream("127.0.0.1", daemon.info.port) as stream:
+        await stream.send_all(data)
+        if half_close:
+            await stream.send_eof()
+        return parse_reply(await receive_until_eof(stream))
+
+
+# --- who may ask what -------------------------------------------------------------------
+
+
+async def test_a_host_that_does_not_name_the_daemon_gets_421(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A Host header naming anything but a loopback name or the bound address (what a
+    DNS-rebinding page sends) gets 421 with a message naming the accepted names, on health,
+    on an authenticated route and on a WebSocket upgrade; loopback names are served."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        port = daemon.info.port
+        evil = f"evil.example:{port}"
+        for method, target, token in (("GET", "/api/health", False), ("GET", "/api/shell", True)):
+            reply = await exchange(daemon, request_bytes(daemon, method, target, token=token, host=evil))
+            assert reply.status == 421, (target, reply)
+            assert reply.json()["error"]["code"] == "wrong_host"
+            assert "localhost" in reply.json()["error"]["message"]
+        upgrade = request_bytes(
+            daemon,
+            "GET",
+            "/ws",
+            token=True,
+            host=evil,
+            headers=(
+                ("Connection", "Upgrade"),
+                ("Upgrade", "websocket"),
+                ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+                ("Sec-WebSocket-Version", "13"),
+            ),
+        )
+        assert (await exchange(daemon, upgrade)).status == 421
+        assert (await exchange(daemon, request_bytes(daemon, "GET", "/api/health", host=f"127.0.0.1:{port + 1}"))).status == 421
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", "127.0.0.1"):
+            reply = await exchange(daemon, request_bytes(daemon, "GET", "/api/shell", token=True, host=host))
+            assert reply.status == 200, host
+        daemon.stop()
+
+
+async def test_health_and_spawner_refuse_unknown_query_parameters(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """GET /api/health and /api/spawner with a query parameter they do not take get the
+    same 400 as every other GET route, naming the parameter."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        for path, token in (("/api/health?x=1", False), ("/api/health?x=1", True), ("/api/spawner?x=1", True)):
+            status, body = await http(daemon, "GET", path, token=token)
+            assert status == 400, path
+            assert "unknown query parameter x" in body["error"]["message"]
+        daemon.stop()
+
+
+async def test_a_known_path_with_the_wrong_method_gets_405_with_allow(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A known path asked with a method it does not take gets 405 and an Allow header naming
+    the methods it takes (HEAD wherever GET); an unknown path stays 404. Health is public, so
+    its 405 needs no token; other paths say 401 first without one."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        cases = [
+            ("POST", "/api/shell", True, "GET, HEAD"),
+            ("DELETE", "/api/threads/t1", True, "GET, HEAD"),
+            ("GET", "/api/dispatch", True, "POST"),
+            ("PUT", "/api/requests/r1/respond", True, "POST"),
+            ("POST", "/api/health", False, "GET, HEAD"),
+        ]
+        for method, path, token, allow in cases:
+            reply = await exchange(daemon, request_bytes(daemon, method, path, token=token, body=b"{}"))
+            assert reply.status == 405, (method, path)
+            assert reply.headers["allow"] == allow
+            assert reply.json()["error"]["code"] == "method_not_allowed"
+            assert allow in reply.json()["error"]["message"]
+        assert (await exchange(daemon, request_bytes(daemon, "POST", "/api/shell", body=b"{}"))).status == 401
+        assert (await exchange(daemon, request_bytes(daemon, "GET", "/api/nothing", token=True))).status == 404
+        daemon.stop()
+
+
+async def test_head_health_answers_like_get_without_a_body(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """HEAD /api/health needs no token and answers GET's status and length without a body;
+    HEAD works on authenticated GET routes too."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        head = await exchange(daemon, request_bytes(daemon, "HEAD", "/api/health"))
+        assert (head.status, head.body) == (200, b"")
+        assert head.headers["content-type"] == "application/json"
+        assert int(head.headers["content-length"]) > 0
+        get = await exchange(daemon, request_bytes(daemon, "GET", "/api/shell", token=True))
+        shell = await exchange(daemon, request_bytes(daemon, "HEAD", "/api/shell", token=True))
+        assert (shell.status, shell.body) == (200, b"")
+        assert int(shell.headers["content-length"]) == len(get.body) > 0
+        daemon.stop()
+
+
+# --- refused on the head, bounded bodies ----------------------------------------------
+
+
+async def test_a_tokenless_request_is_refused_on_its_head(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A request without the token that declares a body, and sends none of it, gets its 401
+    at once (not after a read timeout), and the connection closes."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        head = request_bytes(daemon, "POST", "/api/dispatch", headers=(("Content-Length", "1000000"),))
+        with trio.fail_after(5):  # well under every request deadline (10 s head, 30 s request)
+            reply = await exchange(daemon, head)
+        assert reply.status == 401
+        assert reply.headers["connection"] == "close"
+        daemon.stop()
+
+
+async def test_a_100_mb_body_is_refused_with_413_without_being_buffered(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A declared 100 MB body gets 413 before any of it is sent; a chunked one streamed at
+    the daemon gets 413 once it passes the 8 MiB cap, long before 100 MB have gone."""
+    with trio.fail_after(60):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        declared = request_bytes(daemon, "POST", "/api/dispatch", token=True, headers=(("Content-Length", str(100 * 2**20)),))
+        reply = await exchange(daemon, declared)
+        assert reply.status == 413
+        assert reply.json()["error"]["code"] == "body_too_large"
+
+        chunked = request_bytes(daemon, "POST", "/api/dispatch", token=True, headers=(("Transfer-Encoding", "chunked"),))
+        chunk = b"100000\r\n" + b"x" * 2**20 + b"\r\n"  # 1 MiB
+        sent = [0]
+        async with (
+            await trio.open_tcp_stream("127.0.0.1", daemon.info.port) as stream,
+            trio.open_nursery() as inner,
+        ):
+
+            async def stream_body() -> None:
+                await stream.send_all(chunked)
+                try:
+                    for _ in range(100):
+                        await stream.send_all(chunk)
+                        sent[0] += 1
+                except trio.BrokenResourceError:
+                    pass  # the daemon closed after its 413
+                await trio.sleep_forever()
+
+            inner.start_soon(stream_body)
+            received = bytearray()
+            while b"\r\n\r\n" not in received:
+                received += await stream.receive_some()
+            inner.cancel_scope.cancel()
+        assert parse_reply(bytes(received)).status == 413
+        assert sent[0] < 100
+        daemon.stop()
+
+
+async def test_a_body_shorter_than_declared_then_a_half_close_gets_400_at_once(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Content-Length larger than the body, then the client's EOF: a 400 at once, not a
+    silent close at a timeout."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        short = request_bytes(daemon, "POST", "/api/dispatch", token=True, headers=(("Content-Length", "100"),), body=b'{"jsonrpc"')
+        with trio.fail_after(5):
+            reply = await exchange(daemon, short, half_close=True)
+        assert reply.status == 400
+        assert "malformed" in reply.json()["error"]["message"]
+        daemon.stop()
+
+
+async def test_a_half_closed_request_runs_and_is_answered(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """A whole request followed by the client's EOF runs and gets its reply: never run
+    without a reply."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        call = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "project.create", "params": {"path": str(tmp_path)}})
+        reply = await exchange(daemon, request_bytes(daemon, "POST", "/api/dispatch", token=True, body=call), half_close=True)
+        assert reply.status == 200
+        project_id = reply.json()["result"]["project_id"]
+        _, listed = await http(daemon, "POST", "/api/dispatch", {"jsonrpc": "2.0", "id": 2, "method": "project.list"})
+        assert [p["id"] for p in listed["result"]["projects"]] == [project_id]
+        daemon.stop()
+
+
+# --- hostile WebSocket frames ------------------------------------------------------------
+
+
+def _masked_frame(first_byte: int, payload: bytes, mask: bytes) -> bytes:
+    """A client frame: ``first_byte`` (FIN, RSV, opcode), then masked ``payload``."""
+    size = len(payload)
+    if size < 126:
+        length = bytes([0x80 | size])
+    elif size < 65536:
+        length = bytes([0x80 | 126]) + size.to_bytes(2, "big")
+    else:
+        length = bytes([0x80 | 127]) + size.to_bytes(8, "big")
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes([first_byte]) + length + mask + masked
+
+
+def _fuzzed_frames(rng: random.Random) -> bytes:
+    """Frames a broken or hostile client might send: bad JSON, invalid UTF-8, reserved bits
+    and opcodes, unmasked frames, lying lengths, raw garbage."""
+    frames = []
+    for _ in range(rng.randrange(1, 8)):
+        kind = rng.randrange(6)
+        payload = rng.randbytes(rng.randrange(0, 300))
+        mask = rng.randbytes(4)
+        if kind == 0:  # a text frame of JSON-ish text
+            text = rng.choice(['{"jsonrpc":"2.0","id":1,"method":', "[", '{"id":{}}', "null", "\"\\u0000\""])
+            frames.append(_masked_frame(0x81, text.encode() + payload.hex().encode(), mask))
+        elif kind == 1:  # a text frame of random bytes (usually not UTF-8)
+            frames.append(_masked_frame(0x81, payload, mask))
+        elif kind == 2:  # any opcode, any RSV bits
+            frames.append(_masked_frame(rng.randrange(256), payload[:125], mask))
+        elif kind == 3:  # unmasked
+            frames.append(bytes([0x81, len(payload[:125])]) + payload[:125])
+        elif kind == 4:  # a length that promises more than comes
+            frames.append(bytes([0x82, 0x80 | 126]) + (60000).to_bytes(2, "big") + mask + payload)
+        else:
+            frames.append(payload)
+    return b"".join(frames)
+
+
+async def test_a_burst_of_fuzzed_websocket_frames_crashes_nothing(
+    tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """60 connections each send a burst of fuzzed frames; the daemon logs no error (no
+    traceback), every such connection ends or answers, and a good client on its own
+    connection is answered throughout and after; health stays ok."""
+    rng = random.Random(14)
+    with trio.fail_after(90):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        async with open_client(daemon) as good:
+            port, token = daemon.info.port, daemon.token
+
+            async def fuzz(data: bytes) -> None:
+                async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+                    ws = WSConnection(ConnectionType.CLIENT)
+                    await stream.send_all(ws.send(Request(host=f"127.0.0.1:{port}", target="/ws", extra_headers=[(b"authorization", f"Bearer {token}".encode())])))
+                    received = bytearray()
+                    while b"\r\n\r\n" not in received:
+                        received += await stream.receive_some()
+                    ws.receive_data(bytes(received))
+                    assert isinstance(next(ws.events()), AcceptConnection)
+                    try:
+                        await stream.send_all(data)
+                        with trio.move_on_after(3):  # an answer, a close, or nothing (lying length)
+                            while await stream.receive_some():
+                                pass
+                    except trio.BrokenResourceError:
+                        pass  # the daemon closed on a protocol error while we still sent
+
+            async with trio.open_nursery() as fuzzers:
+                for _ in range(60):
+                    fuzzers.start_soon(fuzz, _fuzzed_frames(rng))
+                for _ in range(20):
+                    assert (await good.call("server.hello"))["server"] == "t3d"
+            assert (await good.call("server.hello"))["server"] == "t3d"
+        status, health = await http(daemon, "GET", "/api/health")
+        assert (status, health["status"]) == (200, "ok")
+        daemon.stop()
+    assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records if r.levelno >= 40]
+
+
+async def test_a_websocket_close_frame_names_invalid_utf8(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """On the daemon, a text frame that is not UTF-8 gets a close frame with 1007."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        port = daemon.info.port
+        async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+            ws = WSConnection(ConnectionType.CLIENT)
+            await stream.send_all(ws.send(Request(host=f"127.0.0.1:{port}", target="/ws", extra_headers=[(b"authorization", f"Bearer {daemon.token}".encode())])))
+            received = bytearray()
+            while b"\r\n\r\n" not in received:
+                received += await stream.receive_some()
+            ws.receive_data(bytes(received))
+            assert isinstance(next(ws.events()), AcceptConnection)
+            await stream.send_all(_masked_frame(0x81, b"\xc3\x28", b"\x01\x02\x03\x04"))
+            ws.receive_data(await receive_until_eof(stream))
+        closes = [e for e in ws.events() if isinstance(e, CloseConnection)]
+        assert [c.code for c in closes] == [1007]
+        daemon.stop()
+
+
+# --- start-up --------------------------------------------------------------------------
+
+
+async def test_serve_warns_when_it_listens_beyond_loopback(tmp_path: Path) -> None:
+    """`t3d serve --host 0.0.0.0` logs a warning that says the API is on every interface
+    and how to keep it local; it still serves."""
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "t3d", "serve", "--host", "0.0.0.0", "--port", "0", "--state-dir", str(tmp_path / "state")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=base_env(),
+    )
+    stderr = bytearray()
+    try:
+        with trio.fail_after(30):
+            assert process.stderr is not None
+            async for chunk in process.stderr:
+                stderr += chunk
+                if b"t3d serving on" in stderr:
+                    break
+    finally:
+        process.kill()
+        await process.wait()
+    text = stderr.decode()
+    assert "t3d serving on http://0.0.0.0:" in text
+    assert "WARNING" in text and "every network interface" in text and "--host 127.0.0.1" in text
