@@ -7,6 +7,7 @@
     python -m bench prune --db PATH                  # retention on a database: sizes and time
     python -m bench git-large --files 100000         # status and checkpoints on a large repo
     python -m bench workspace-idle --threads 250     # git processes of watched idle threads
+    python -m bench flood --connections 1000 --seconds 60   # health under a connection flood
 
 ``--sessions`` takes a comma-separated list (a sweep: one daemon per run, every session
 count its own row and chart point). ``--compare 'ENV=VALUE ...'`` runs configuration A
@@ -394,6 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     idle = sub.add_parser("workspace-idle", help="git processes per minute for watched idle threads (bench/workspace_idle.py)")
     idle.add_argument("--threads", type=int, default=250, help="threads, each in a repository of its own (default 250)")
     idle.add_argument("--seconds", type=float, default=60.0, help="the idle window (default 60)")
+    flood = sub.add_parser("flood", help="health latency while hostile connections without the token are held (bench/flood.py)")
+    flood.add_argument("--connections", type=int, default=1000, help="hostile connections to hold (default 1000)")
+    flood.add_argument("--seconds", type=float, default=60, help="measured window in seconds (default 60)")
+    flood.add_argument("--out", help="output directory (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.command == "prune":
         from bench import prune
@@ -409,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench import workspace_idle
 
         return workspace_idle.command(args)
+    if args.command == "flood":
+        from bench import flood as flood_bench
+
+        return flood_bench.command(args)
     if args.command == "gen-db":
         from bench import gen_db
 
