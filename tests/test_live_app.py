@@ -390,7 +390,7 @@ async def _disconnect_once(served: Served, n: int) -> None:
     stream = await open_raw(served)
     way = n % 4
     if way in (0, 1):
-        request = b"GET /api/threads/t HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % served.token.encode()
+        request = b"GET /api/threads/t HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n\r\n" % served.token.encode()
         await stream.send_all(request)
         if way == 0:
             assert (await stream.receive_some(1024)).startswith(b"HTTP/1.1 200")
