@@ -116,8 +116,8 @@ async def _hold(
         try:
             async with stream:
                 await _misbehave(stream, kind, port, stats, drip_every_s)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # the daemon closed or reset it: what a hostile client expects
         finally:
             stats.held -= 1
         stats.closed_by_server += 1
