@@ -33,7 +33,7 @@ async def ctl(state_dir: Path, port: int, *args: str) -> tuple[int, str, str]:
 
 
 async def waiters(daemon: Any) -> bool:
-    status, health = await http(daemon, "GET", "/api/health", token=False)
+    status, health = await http(daemon, "GET", "/api/health")  # the whole report needs the token
     return status == 200 and health["live"]["request_waiters"] == 1
 
 

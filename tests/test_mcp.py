@@ -73,7 +73,7 @@ async def _header(served: Any, method: str, name: str, *, token: bool = True) ->
     stream = await trio.open_tcp_stream("127.0.0.1", served.port)
     async with stream:
         auth = f"Authorization: Bearer {served.token}\r\n" if token else ""
-        await stream.send_all(f"{method} /mcp HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
+        await stream.send_all(f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n".encode())
         data = b""
         while chunk := await stream.receive_some(65536):
             data += chunk

@@ -210,7 +210,7 @@ def mcp_wait(token: str) -> bytes:
                    "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientCapabilities": {}}},
     })  # fmt: skip
     head = (
-        f"POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\n"
         "Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\n"
         f"Mcp-Name: wait_for_request\r\nContent-Length: {len(body)}\r\n\r\n"
     )
@@ -237,7 +237,7 @@ async def test_clients_that_hang_up_mid_wait_leave_nothing_behind(tmp_path: Path
     before and after the second half differ by less than 64 KiB in all."""
     with trio.fail_after(120 + DISCONNECTS * 0.1):
         async with serve_app(tmp_path / "state") as served:
-            requests = (b"GET /api/requests/wait?timeout=60 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % served.token.encode(), mcp_wait(served.token))
+            requests = (b"GET /api/requests/wait?timeout=60 HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n\r\n" % served.token.encode(), mcp_wait(served.token))
             for n in range(40):  # warm-up: caches, first-use allocations
                 await _hang_up_mid_wait(served, n, requests)
             await trio.sleep(0.1)
