@@ -392,8 +392,12 @@ async def test_serve_warns_when_it_listens_beyond_loopback(tmp_path: Path) -> No
                 if b"t3d serving on" in stderr:
                     break
     finally:
-        process.kill()
-        await process.wait()
+        with trio.move_on_after(20):  # SIGTERM, so the daemon stops its spawner too
+            process.terminate()
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
     text = stderr.decode()
     assert "t3d serving on http://0.0.0.0:" in text
     assert "WARNING" in text and "every network interface" in text and "--host 127.0.0.1" in text
