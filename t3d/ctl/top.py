@@ -54,10 +54,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
     top.set_defaults(handler=_top)
 
 
-async def snapshot(endpoint: Endpoint, rpc: Any) -> tuple[JsonDict, JsonDict]:
-    """(health, agents): health says why when the daemon cannot give it."""
+async def snapshot(endpoint: Endpoint, rpc: Any, token: str) -> tuple[JsonDict, JsonDict]:
+    """(health, agents): health (the whole report, so with the token) says why when the
+    daemon cannot give it."""
     try:
-        health = await http_get_json(endpoint, "/api/health")
+        health = await http_get_json(endpoint, "/api/health", token=token)
     except CtlError as exc:
         health = {"status": "unknown", "reasons": [exc.message]}
     agents = await rpc.call("server.agents")
@@ -69,17 +70,18 @@ async def snapshot(endpoint: Endpoint, rpc: Any) -> tuple[JsonDict, JsonDict]:
 async def _top(args: argparse.Namespace, endpoint: Endpoint) -> int:
     if not 0.2 <= args.interval <= 60:
         raise CtlError(f"--interval {args.interval:g} is out of range; use 0.2 to 60 seconds", EXIT_USAGE)
-    async with open_rpc(endpoint, read_token(endpoint.token_path)) as rpc:
+    token = read_token(endpoint.token_path)
+    async with open_rpc(endpoint, token) as rpc:
         if args.json:
-            health, agents = await snapshot(endpoint, rpc)
+            health, agents = await snapshot(endpoint, rpc, token)
             out(orjson.dumps({"url": endpoint.url, "health": health, **agents}).decode() + "\n")
             return EXIT_OK
         if not (sys.stdin.isatty() and sys.stdout.isatty()):
             raise CtlError("t3d ctl top draws on a terminal; run it in one, or use --json for one snapshot", EXIT_USAGE)
-        return await _watch(endpoint, rpc, args.interval)
+        return await _watch(endpoint, rpc, token, args.interval)
 
 
-async def _watch(endpoint: Endpoint, rpc: Any, interval: float) -> int:
+async def _watch(endpoint: Endpoint, rpc: Any, token: str, interval: float) -> int:
     screen = curses.initscr()
     try:
         curses.noecho()
@@ -93,7 +95,7 @@ async def _watch(endpoint: Endpoint, rpc: Any, interval: float) -> int:
         due = trio.current_time()
         while True:
             if trio.current_time() >= due:
-                health, agents = await snapshot(endpoint, rpc)
+                health, agents = await snapshot(endpoint, rpc, token)
                 lines = render(endpoint.url, health, agents, previous)
                 previous, due = agents, trio.current_time() + interval
                 _draw(screen, lines)
