@@ -120,17 +120,50 @@ async def test_a_host_that_does_not_name_the_daemon_gets_421(
         daemon.stop()
 
 
-async def test_health_and_spawner_refuse_unknown_query_parameters(
+async def test_every_route_refuses_an_unknown_query_parameter_on_the_head(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
-    """GET /api/health and /api/spawner with a query parameter they do not take get the
-    same 400 as every other GET route, naming the parameter."""
-    with trio.fail_after(30):
+    """Every route, whatever its method (health and the spawner, POST routes, /mcp, the
+    WebSocket upgrade), answers a query parameter it does not take with a 400 naming it and
+    the ones the route takes, on the request head: a POST that declares a body and sends
+    none of it gets its 400 at once. Known parameters are still served."""
+    with trio.fail_after(60):
         daemon = await start_daemon(nursery, tmp_path / "state")
-        for path, token in (("/api/health?x=1", False), ("/api/health?x=1", True), ("/api/spawner?x=1", True)):
-            status, body = await http(daemon, "GET", path, token=token)
-            assert status == 400, path
-            assert "unknown query parameter x" in body["error"]["message"]
+        upgrade = (
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        )
+        mcp = (("Accept", "application/json, text/event-stream"), ("Content-Type", "application/json"))
+        unsent_body = (("Content-Length", "1000"),)
+        cases: list[tuple[str, str, bool, tuple[tuple[str, str], ...], str]] = [
+            ("GET", "/api/health?x=1", False, (), "it takes none"),
+            ("GET", "/api/health?x=1", True, (), "it takes none"),
+            ("HEAD", "/api/health?x=1", False, (), ""),
+            ("GET", "/api/spawner?x=1", True, (), "it takes none"),
+            ("GET", "/api/shell?x=1", True, (), "it takes none"),
+            ("GET", "/api/schema?x=1", True, (), "it takes none"),
+            ("GET", "/api/threads/t1?turnLimit=1", True, (), "it takes turn_limit, before"),
+            ("GET", "/api/items/i1?x=1", True, (), "it takes path"),
+            ("GET", "/api/requests/pending?x=1", True, (), "it takes thread_id"),
+            ("GET", "/api/requests/wait?timout=5", True, (), "it takes after, thread_id, timeout, limit"),
+            ("POST", "/api/dispatch?x=1", True, unsent_body, "it takes none"),
+            ("POST", "/api/requests/r1/respond?x=1", True, unsent_body, "it takes none"),
+            ("POST", "/mcp?x=1", True, mcp + unsent_body, "it takes none"),
+            ("GET", "/ws?x=1", True, upgrade, "it takes none"),
+        ]
+        for method, target, token, headers, takes in cases:
+            with trio.fail_after(5):  # on the head: well under the 10 s head and 30 s request deadlines
+                reply = await exchange(daemon, request_bytes(daemon, method, target, token=token, headers=headers))
+            assert reply.status == 400, (method, target, reply)
+            if method != "HEAD":
+                unknown = target.partition("?")[2].partition("=")[0]
+                message = reply.json()["error"]["message"]
+                assert f"unknown query parameter {unknown} for {target.partition('?')[0]}; {takes}" == message
+        status, _ = await http(daemon, "GET", "/api/requests/pending?thread_id=t1")
+        assert status == 200
+        assert (await exchange(daemon, request_bytes(daemon, "GET", "/api/shell?x=1"))).status == 401  # the token first
         daemon.stop()
 
 
@@ -161,10 +194,11 @@ async def test_a_known_path_with_the_wrong_method_gets_405_with_allow(
 
 
 async def test_head_health_answers_like_get_without_a_body(
-    tmp_path: Path, nursery: trio.Nursery
+    tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
 ) -> None:
     """HEAD /api/health needs no token and answers GET's status and length without a body;
-    HEAD works on authenticated GET routes too."""
+    HEAD works on authenticated GET routes too, and a refused HEAD (no token, unknown path,
+    wrong Host) gets its status without a body, with no error logged."""
     with trio.fail_after(30):
         daemon = await start_daemon(nursery, tmp_path / "state")
         head = await exchange(daemon, request_bytes(daemon, "HEAD", "/api/health"))
@@ -175,6 +209,19 @@ async def test_head_health_answers_like_get_without_a_body(
         shell = await exchange(daemon, request_bytes(daemon, "HEAD", "/api/shell", token=True))
         assert (shell.status, shell.body) == (200, b"")
         assert int(shell.headers["content-length"]) == len(get.body) > 0
+        refused = [
+            (request_bytes(daemon, "HEAD", "/api/shell"), 401),
+            (request_bytes(daemon, "HEAD", "/api/nothing", token=True), 404),
+            (request_bytes(daemon, "HEAD", "/api/health", host="evil.example"), 421),
+        ]
+        for data, status in refused:
+            async with await trio.open_tcp_stream("127.0.0.1", daemon.info.port) as stream:
+                await stream.send_all(data)
+                raw = await receive_until_eof(stream)
+            reply = parse_reply(raw)
+            assert reply.status == status, data
+            assert int(reply.headers["content-length"]) > 0 and raw.endswith(b"\r\n\r\n")  # no body
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
         daemon.stop()
 
 

@@ -22,8 +22,9 @@ Rules:
   ``POST /api/dispatch``) are one JSON object written in pieces of at most
   256 KiB; on a WebSocket ``thread.snapshot`` is streamed as
   ``snapshot.chunk`` notifications, then the response (`Feeds.reply_snapshot`).
-  Every GET route refuses query parameters it does not know (a
-  misspelled ``turnLimit`` must not silently return the whole thread).
+  Every route refuses query parameters it does not take, on the head and
+  whatever the method (a misspelled ``turnLimit`` must not silently return
+  the whole thread).
 - Each WebSocket connection holds at most ``connection_budget`` bytes for its
   client (t3d/live/budget.py).
 """
@@ -82,14 +83,29 @@ class Route:
         handlers: dict[str, RouteHandler],
         *,
         public: bool = False,
+        query: tuple[str, ...] | None = (),
         head: Callable[[HttpRequest, bool], HttpResponse | None] | None = None,
     ) -> None:
         self.pattern = re.compile(path)
         self.handlers = handlers
         self.public = public  # answered without the token
+        # The query parameters it takes; any other gets a 400 on the head, whatever the method.
+        # None: the handler checks the query itself (the web page answers in HTML).
+        self.query = query
         # The route's own check of a request head, given whether it carries the token;
         # it replaces the token and method checks (a refusal, or None to go on).
         self.head = head
+
+    def unknown_query(self, request: HttpRequest) -> HttpResponse | None:
+        """A 400 naming the query parameters this route does not take, and those it does."""
+        if self.query is None:
+            return None
+        unknown = sorted(set(request.query) - set(self.query))
+        if not unknown:
+            return None
+        takes = f"it takes {', '.join(self.query)}" if self.query else "it takes none"
+        message = f"unknown query parameter {', '.join(unknown)} for {request.path}; {takes}"
+        return _json(400, {"error": {"code": rpc.INVALID_PARAMS, "message": message, "data": None}})
 
     def allow(self) -> str:
         """The methods for an ``Allow`` header: HEAD wherever GET."""
@@ -151,23 +167,24 @@ class ApiApp:
         self.mcp = McpServer(McpTools(methods, self._shell_json))
         # The web page, its sign-in links and cookie sessions (t3d/api/web_page.py).
         self.web = WebPage(token, bound)
-        # Every HTTP route: the path, the methods it takes (HEAD wherever GET), and whether
-        # it is answered without the token. check_head refuses the rest before any body.
+        # Every HTTP route: the path, the methods it takes (HEAD wherever GET), whether it
+        # is answered without the token, and the query parameters it takes. check_head
+        # refuses the rest before any body.
         self.routes: tuple[Route, ...] = (
             Route("/api/health", {"GET": self._get_health}, public=True),
             # The web page's routes: public, since the page checks its own credentials (the
             # one-time link, the session cookie, the token for a new link), queries and HEADs.
-            Route("/", {"GET": self._page}, public=True),
-            Route("/static/.*", {"GET": self._page}, public=True),
-            Route("/auth", {"GET": self._page}, public=True),
+            Route("/", {"GET": self._page}, public=True, query=None),
+            Route("/static/.*", {"GET": self._page}, public=True, query=None),
+            Route("/auth", {"GET": self._page}, public=True, query=None),
             Route("/api/auth/link", {"POST": self._page}, public=True),
-            Route("/api/auth/session", {"GET": self._page}, public=True),
+            Route("/api/auth/session", {"GET": self._page}, public=True, query=None),
             Route("/api/auth/logout", {"POST": self._page}, public=True),
             Route("/api/shell", {"GET": self._get_shell}),
-            Route("/api/threads/([^/]+)", {"GET": self._get_thread}),
-            Route("/api/items/([^/]+)", {"GET": self._get_item}),
-            Route("/api/requests/pending", {"GET": self._get_pending}),
-            Route("/api/requests/wait", {"GET": self._get_wait}),
+            Route("/api/threads/([^/]+)", {"GET": self._get_thread}, query=("turn_limit", "before")),
+            Route("/api/items/([^/]+)", {"GET": self._get_item}, query=("path",)),
+            Route("/api/requests/pending", {"GET": self._get_pending}, query=("thread_id",)),
+            Route("/api/requests/wait", {"GET": self._get_wait}, query=("after", "thread_id", "timeout", "limit")),
             Route("/api/requests/([^/]+)/respond", {"POST": self._post_respond}),
             Route("/api/spawner", {"GET": self._get_spawner}),
             Route("/api/dispatch", {"POST": self._post_dispatch}),
@@ -210,8 +227,10 @@ class ApiApp:
             return HeadCheck(refusal=_wrong_host(request.headers.get("host", ""), port))
         found = self._find(request.path)
         if found is not None and found[0].head is not None:  # the token alone: no cookie here
+            route = found[0]
+            assert route.head is not None
             trusted = bearer_ok(request.headers, self._token)
-            return HeadCheck(trusted=trusted, refusal=found[0].head(request, trusted))
+            return HeadCheck(trusted=trusted, refusal=route.head(request, trusted) or route.unknown_query(request))
         trusted = self._trusted(request)
         if not trusted and (found is None or not found[0].public):
             return HeadCheck(refusal=_unauthorized())
@@ -222,7 +241,7 @@ class ApiApp:
             allow = route.allow()
             refusal = _error(405, "method_not_allowed", f"{request.path} takes {allow}, not {request.method}")
             return HeadCheck(trusted=trusted, refusal=attrs.evolve(refusal, headers=(("allow", allow),)))
-        return HeadCheck(trusted=trusted)
+        return HeadCheck(trusted=trusted, refusal=route.unknown_query(request))
 
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
         refusal = self.check_head(request).refusal  # the transport asked already; cheap to repeat
@@ -259,7 +278,6 @@ class ApiApp:
 
     async def _get_health(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
         """The whole report with the token; without it only its public part."""
-        _only_query(r, ())
         report = self._health()
         status = 503 if report["status"] == "failing" else 200
         if not self._trusted(r):
@@ -267,11 +285,9 @@ class ApiApp:
         return _json(status, report)
 
     async def _get_shell(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
-        _only_query(r, ())
         return _pieces(await self.bases.shell_pieces())
 
     async def _get_thread(self, r: HttpRequest, m: re.Match[str]) -> HttpResponse:
-        _only_query(r, ("turn_limit", "before"))
         params = rpc.Params({"thread_id": m.group(1), **_int_query(r.query, ("turn_limit", "before"))})
         thread_id, turn_limit, before = self.methods.snapshot_params(params)
         pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
@@ -280,17 +296,14 @@ class ApiApp:
         return _pieces(pieces)
 
     async def _get_item(self, r: HttpRequest, m: re.Match[str]) -> HttpResponse:
-        _only_query(r, ("path",))
         path = _json_query(r.query, "path")
         return _json(200, await self.methods.call("item.detail", {"item_id": m.group(1), "path": path}))
 
     async def _get_pending(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
-        _only_query(r, ("thread_id",))
         return _json(200, await self.methods.call("requests.pending", {"thread_id": r.query.get("thread_id")}))
 
     async def _get_wait(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
         """A long-poll for runtime requests (``requests.wait``)."""
-        _only_query(r, ("after", "thread_id", "timeout", "limit"))
         wait = {"thread_id": r.query.get("thread_id"), **_int_query(r.query, ("after", "timeout", "limit"))}
         return _json(200, await self.methods.call("requests.wait", wait))
 
@@ -299,7 +312,6 @@ class ApiApp:
         return _json(200, await self.methods.call("request.respond", {**body, "request_id": m.group(1)}))
 
     async def _get_spawner(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
-        _only_query(r, ())
         try:
             return _json(200, await self._spawner.describe())
         except SpawnerError as exc:
@@ -314,7 +326,6 @@ class ApiApp:
         return attrs.evolve(refusal, headers=(("upgrade", "websocket"),))
 
     async def _get_schema(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
-        _only_query(r, ())
         if self._schema is None:  # built once, on first ask (t3d/api/schema.py)
             self._schema = orjson.dumps(schema.document())
         return HttpResponse(200, self._schema)
@@ -346,8 +357,6 @@ class ApiApp:
     async def _get_metrics(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
         """The Prometheus exposition (t3d/observe/metrics.py)."""
         assert self._metrics is not None
-        if r.query:
-            return _error(400, "invalid_params", f"unknown query parameter {', '.join(sorted(r.query))} for /metrics; it takes none")
         return HttpResponse(200, await self._metrics(), content_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def _dispatch(self, frame: bytes) -> HttpResponse:
@@ -443,13 +452,6 @@ def _route_method(request: HttpRequest) -> str:
 def _pieces(pieces: list[bytes]) -> HttpResponse:
     """A JSON body sent piece by piece (each at most 256 KiB)."""
     return HttpResponse(200, parts=tuple(pieces))
-
-
-def _only_query(r: HttpRequest, allowed: tuple[str, ...]) -> None:
-    unknown = sorted(set(r.query) - set(allowed))
-    if unknown:
-        takes = f"it takes {', '.join(allowed)}" if allowed else "it takes none"
-        raise rpc.RpcError(rpc.INVALID_PARAMS, f"unknown query parameter {', '.join(unknown)} for {r.path}; {takes}")
 
 
 def _json_query(query: Any, name: str) -> Any:

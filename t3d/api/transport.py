@@ -400,14 +400,16 @@ class _Connection:
         # When the current request began: the accept for the first, else its first byte.
         self._request_started = trio.current_time()
         self._trusted = False  # the current (or, between requests, the last) request's
+        self._head_request = False  # the current request is a HEAD: its responses carry no body
 
     async def serve(self) -> None:
         try:
             while await self._serve_one():
                 self._h11.start_next_cycle()
+                self._head_request = False
                 self._head_bytes = bytearray(self._h11.trailing_data[0])
         except _Refusal as refusal:
-            await self._send_response(refusal.response, close=True)
+            await self._send_response(refusal.response, close=True, with_body=not self._head_request)
             await self._close_gracefully()
 
     async def _serve_one(self) -> bool:
@@ -415,6 +417,7 @@ class _Connection:
         head = await self._receive_head()
         if head is None:
             return False
+        self._head_request = head.method == b"HEAD"
         if head.http_version not in (b"1.0", b"1.1"):
             raise _Refusal(unsupported_version(head.http_version))
         request = attrs.evolve(parse_request(head), peer=self._peer)
@@ -431,7 +434,7 @@ class _Connection:
         if response is None:
             return False
         half_closed = self._h11.trailing_data[1]  # the peer sent its request, then its EOF
-        await self._send_response(response, close=half_closed, with_body=request.method != "HEAD")
+        await self._send_response(response, close=half_closed, with_body=not self._head_request)
         self._served += 1
         self._slot.stand(Standing.IDLE if self._trusted else Standing.EXPOSED)
         if self._h11.our_state is h11.DONE and self._h11.their_state is h11.DONE:
