@@ -395,10 +395,19 @@ async def test_a_burst_of_fuzzed_websocket_frames_crashes_nothing(
     assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records if r.levelno >= 40]
 
 
-async def test_a_websocket_close_frame_names_invalid_utf8(
-    tmp_path: Path, nursery: trio.Nursery
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (_masked_frame(0x81, b"\xc3\x28", b"\x01\x02\x03\x04"), 1007),  # a text frame that is not UTF-8
+        (_masked_frame(0x83, b"", b"\x01\x02\x03\x04"), 1002),  # a reserved opcode
+    ],
+)
+async def test_a_websocket_protocol_violation_gets_its_close_frame_and_a_log_line(
+    tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture, frame: bytes, code: int
 ) -> None:
-    """On the daemon, a text frame that is not UTF-8 gets a close frame with 1007."""
+    """On the daemon, a text frame that is not UTF-8 gets a close frame with 1007, and a
+    frame that breaks the framing one with 1002; each is logged as a warning naming the code
+    (it was a silent close)."""
     with trio.fail_after(30):
         daemon = await start_daemon(nursery, tmp_path / "state")
         port = daemon.info.port
@@ -410,10 +419,45 @@ async def test_a_websocket_close_frame_names_invalid_utf8(
                 received += await stream.receive_some()
             ws.receive_data(bytes(received))
             assert isinstance(next(ws.events()), AcceptConnection)
-            await stream.send_all(_masked_frame(0x81, b"\xc3\x28", b"\x01\x02\x03\x04"))
+            await stream.send_all(frame)
             ws.receive_data(await receive_until_eof(stream))
         closes = [e for e in ws.events() if isinstance(e, CloseConnection)]
-        assert [c.code for c in closes] == [1007]
+        assert [c.code for c in closes] == [code]
+        daemon.stop()
+    assert [r for r in caplog.records if r.levelname == "WARNING" and f"closing it with {code}" in r.getMessage()]
+
+
+async def test_listening_on_every_address_refuses_an_origin_of_that_address(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Bound to 0.0.0.0, a WebSocket upgrade or an MCP call whose Origin is
+    ``http://0.0.0.0:PORT`` is refused with 403 (the unspecified address is no page's home);
+    a loopback Origin is accepted, and a Host of any IP address (how a remote client names
+    the daemon) is served while a DNS name still gets 421."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state", host="0.0.0.0")
+        port = daemon.info.port
+        upgrade = (
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        )
+        mcp = (("Accept", "application/json, text/event-stream"), ("Content-Type", "application/json"))
+        ping = orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        for origin, status in ((f"http://0.0.0.0:{port}", 403), (f"http://[::]:{port}", 403), (f"http://127.0.0.1:{port}", 101)):
+            headers = (*upgrade, ("Origin", origin))
+            async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+                data = request_bytes(daemon, "GET", "/ws", token=True, headers=headers)
+                await stream.send_all(data.replace(b"Connection: close\r\n", b""))  # it is an upgrade
+                received = bytearray()
+                while b"\r\n\r\n" not in received and (chunk := await stream.receive_some()):
+                    received += chunk
+            assert parse_reply(bytes(received)).status == status, origin
+            reply = await exchange(daemon, request_bytes(daemon, "POST", "/mcp", token=True, headers=(*mcp, ("Origin", origin)), body=ping))
+            assert reply.status == (200 if status == 101 else 403), origin
+        assert (await exchange(daemon, request_bytes(daemon, "GET", "/api/shell", token=True, host=f"192.0.2.7:{port}"))).status == 200
+        assert (await exchange(daemon, request_bytes(daemon, "GET", "/api/shell", token=True, host=f"evil.example:{port}"))).status == 421
         daemon.stop()
 
 
