@@ -427,6 +427,28 @@ async def test_a_websocket_protocol_violation_gets_its_close_frame_and_a_log_lin
     assert [r for r in caplog.records if r.levelname == "WARNING" and f"closing it with {code}" in r.getMessage()]
 
 
+async def test_a_websocket_upgrade_from_a_foreign_origin_gets_403_with_or_without_the_token(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """An upgrade of /ws from a foreign Origin is refused with 403 whether or not it carries
+    the token (the Origin is looked at first); without the token and with no Origin it is 401."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        upgrade = (
+            ("Connection", "Upgrade"),
+            ("Upgrade", "websocket"),
+            ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ("Sec-WebSocket-Version", "13"),
+        )
+        for token, origin, status in ((True, "http://evil.example", 403), (False, "http://evil.example", 403), (False, None, 401)):
+            headers = upgrade if origin is None else (*upgrade, ("Origin", origin))
+            data = request_bytes(daemon, "GET", "/ws", token=token, headers=headers).replace(b"Connection: close\r\n", b"")
+            reply = await exchange(daemon, data)
+            assert reply.status == status, (token, origin)
+            assert reply.json()["error"]["code"] == ("forbidden_origin" if status == 403 else "unauthorized")
+        daemon.stop()
+
+
 async def test_listening_on_every_address_refuses_an_origin_of_that_address(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:

@@ -220,11 +220,15 @@ class ApiApp:
     # --- HTTP ----------------------------------------------------------------------
 
     def check_head(self, request: HttpRequest) -> HeadCheck:
-        """Before any body is read: the Host must name this daemon, the token must be
-        there unless the route is public, and the route must take the method."""
+        """Before any body is read: the Host must name this daemon, an upgrade's Origin must
+        be no browser's or a loopback one, the token (or the page's session cookie) must be
+        there unless the route is public, and the route must take the method and its query
+        parameters."""
         host, port = self._bound()
         if not host_allowed(request.headers.get("host"), host, port):
             return HeadCheck(refusal=_wrong_host(request.headers.get("host", ""), port))
+        if is_websocket_upgrade(request) and not origin_allowed(request.headers.get("origin"), host, port):
+            return HeadCheck(refusal=_foreign_origin())  # before the token, as on every upgrade
         found = self._find(request.path)
         if found is not None and found[0].head is not None:  # the token alone: no cookie here
             route = found[0]
@@ -404,7 +408,7 @@ class ApiApp:
             return _error(404, "not_found", "WebSocket connections are served on /ws")
         host, port = self._bound()
         if not origin_allowed(request.headers.get("origin"), host, port):
-            return _error(403, "forbidden_origin", "WebSocket upgrades from a foreign Origin are refused; connect from a loopback page or a non-browser client")
+            return _foreign_origin()
         if not self._trusted(request):
             return _unauthorized()
         return None
@@ -432,6 +436,10 @@ def _loopback(peer: str) -> bool:
 
 def _unauthorized() -> HttpResponse:
     return _error(401, "unauthorized", "missing or wrong bearer token; send 'Authorization: Bearer <token>' with the token from <state-dir>/auth/token")
+
+
+def _foreign_origin() -> HttpResponse:
+    return _error(403, "forbidden_origin", "WebSocket upgrades from a foreign Origin are refused; connect from a loopback page or a non-browser client")
 
 
 def _wrong_host(host: str, port: int) -> HttpResponse:
