@@ -120,6 +120,24 @@ async def test_a_host_that_does_not_name_the_daemon_gets_421(
         daemon.stop()
 
 
+async def test_the_web_pages_routes_answer_only_to_the_daemons_host(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """The page (/, its static files, /auth, /api/auth/*) needs no token, but like every
+    route it answers only to a Host naming the daemon: under another name (DNS rebinding)
+    each gets 421, and a one-time link is not spent by it."""
+    with trio.fail_after(30):
+        daemon = await start_daemon(nursery, tmp_path / "state")
+        evil = f"evil.example:{daemon.info.port}"
+        link = await exchange(daemon, request_bytes(daemon, "POST", "/api/auth/link", token=True))
+        code = link.json()["url"].partition("?")[2]
+        for method, target in (("GET", "/"), ("GET", "/static/app.css"), ("GET", f"/auth?{code}"), ("GET", "/api/auth/session"), ("POST", "/api/auth/logout")):
+            assert (await exchange(daemon, request_bytes(daemon, method, target, host=evil))).status == 421, target
+        assert (await exchange(daemon, request_bytes(daemon, "GET", "/"))).status == 200
+        assert (await exchange(daemon, request_bytes(daemon, "GET", f"/auth?{code}"))).status == 303  # still unused
+        daemon.stop()
+
+
 async def test_every_route_refuses_an_unknown_query_parameter_on_the_head(
     tmp_path: Path, nursery: trio.Nursery
 ) -> None:
