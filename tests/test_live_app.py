@@ -8,7 +8,6 @@ are exact and no provider runs; clients are real WebSocket and HTTP clients on
 from __future__ import annotations
 
 import gc
-import inspect
 import os
 import tracemalloc
 from pathlib import Path
@@ -420,18 +419,6 @@ async def _disconnect_once(served: Served, n: int) -> None:
     assert served.hub.statistics().thread_subscriptions == 0
 
 
-def _without_trio_deadlines(snapshot: tracemalloc.Snapshot) -> tracemalloc.Snapshot:
-    """Trio keeps each cancel scope that had a deadline in its deadline heap until the
-    deadline passes (stale entries are pruned only past 1,000), so a request's finished
-    timeouts are held for up to their length: timing, not a leak. They are left out; every
-    other allocation (streams, tasks, buffers, subscriptions) still counts."""
-    lines, first = inspect.getsourcelines(trio._core._run.Deadlines.add)
-    [push] = [first + n for n, line in enumerate(lines) if "heappush" in line]
-    return snapshot.filter_traces(
-        [tracemalloc.Filter(False, "*/trio/_timeouts.py"), tracemalloc.Filter(False, "*/trio/_core/_run.py", push)]
-    )
-
-
 async def test_clients_that_leave_mid_response_leave_nothing_behind(tmp_path: Path) -> None:
     """Clients disconnect mid-response over and over (see _disconnect_once): each connection is
     gone at once (no open connection, no subscription before the next starts), and the heap
@@ -455,7 +442,6 @@ async def test_clients_that_leave_mid_response_leave_nothing_behind(tmp_path: Pa
                 second = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()
-            first, second = (_without_trio_deadlines(s) for s in (first, second))
             growth = sum(stat.size_diff for stat in second.compare_to(first, "filename"))
             top = second.compare_to(first, "lineno")[:5]
             print(f"{DISCONNECTS} disconnects; heap growth over the last {DISCONNECTS // 2}: {growth} bytes; top: {top}")
