@@ -81,9 +81,10 @@ SERVE_FLAGS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from t3d.ctl import add_ctl_arguments
-
+def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
+    """The whole ``t3d`` parser; ``serve_only``: without the other commands' subparsers, for a
+    command line that starts with ``serve`` (it parses and helps the same, and `t3d serve`
+    does not import ``ctl`` and ``service`` to build parsers it never uses)."""
     parser = argparse.ArgumentParser(
         prog="t3d",
         description="t3d runs and supervises coding-agent sessions and streams them to local clients.",
@@ -94,6 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the daemon in the foreground", description="Run the t3d daemon in the foreground until SIGTERM (agents keep running for the next daemon on the state dir), Ctrl-C (agents stop too) or `t3d ctl shutdown`.", epilog="exit status: 0 after a clean stop; 1 when it had to stop or could not start (port taken, another daemon holds the state dir, the database writer died); 2 for an invalid setting")
     for flag, dest, text in SERVE_FLAGS:
         serve.add_argument(flag, dest=dest, default=None, help=text)
+    if not serve_only:
+        _add_other_commands(commands)
+    _name_each_parser(parser)
+    parser.set_defaults(root_parser=parser)  # `t3d ctl completion` walks the whole tree
+    return parser
+
+
+def _add_other_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from t3d.ctl import add_ctl_arguments
+    from t3d.service.command import add_service_arguments
+
     ctl = commands.add_parser("ctl", help="administer a running daemon over its API", description="Administer a running t3d daemon over its API.")
     add_ctl_arguments(ctl)
     described = commands.add_parser(
@@ -104,17 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
         "DIR: t3d_api.schemas.json (the whole) and one self-contained file per type.",
     )
     described.add_argument("--out", metavar="DIR", help="write the files into DIR (made if missing)")
-    from t3d.service.command import add_service_arguments
-
     service = commands.add_parser(
         "service",
         help="install, remove or look at t3d as systemd user units",
         description="Install, remove or look at the t3d daemon and its spawner as systemd user units.",
     )
     add_service_arguments(service)
-    _name_each_parser(parser)
-    parser.set_defaults(root_parser=parser)  # `t3d ctl completion` walks the whole tree
-    return parser
 
 
 def _name_each_parser(parser: argparse.ArgumentParser) -> None:
@@ -251,7 +258,8 @@ def write_schema(out: str | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(build_parser(), argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(build_parser(serve_only=words[:1] == ["serve"]), words)
     if args.command == "serve":
         return serve(args)
     if args.command == "schema":

@@ -35,7 +35,7 @@ import ipaddress
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 import orjson
@@ -44,13 +44,9 @@ import trio_websocket
 
 from t3d import waits
 from t3d.api import jsonrpc as rpc
-from t3d.api import schema
 from t3d.api.auth import bearer_ok, host_allowed, origin_allowed
 from t3d.api.feeds import Feeds
 from t3d.api.http1 import is_websocket_upgrade
-from t3d.api.mcp import McpServer
-from t3d.api.mcp import refuse as mcp_refuse
-from t3d.api.mcp_tools import McpTools
 from t3d.api.methods import Methods, thread_not_found
 from t3d.api.transport import HeadCheck, HttpRequest, HttpResponse
 from t3d.api.web_page import WebPage
@@ -61,6 +57,9 @@ from t3d.live.reads import BaseReader
 from t3d.pressure.sampler import PressureListener, PressureSampler
 from t3d.spawn.child import Spawner
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
+
+if TYPE_CHECKING:  # imported on first use: the schema on GET /api/schema, MCP on /mcp
+    from t3d.api.mcp import McpServer
 
 log = logging.getLogger("t3d.api")
 
@@ -164,7 +163,7 @@ class ApiApp:
         self._health = health
         self._bound = bound
         self._schema: bytes | None = None
-        self.mcp = McpServer(McpTools(methods, self._shell_json))
+        self._mcp: McpServer | None = None
         # The web page, its sign-in links and cookie sessions (t3d/api/web_page.py).
         self.web = WebPage(token, bound)
         # Every HTTP route: the path, the methods it takes (HEAD wherever GET), whether it
@@ -194,6 +193,17 @@ class ApiApp:
         )
         if metrics is not None:  # else /metrics is not served (404)
             self.routes += (Route("/metrics", {"GET": self._get_metrics}, head=self._metrics_head),)
+
+    @property
+    def mcp(self) -> McpServer:
+        """The MCP endpoint (t3d/api/mcp.py), made on the first ``/mcp`` request, so a daemon
+        no MCP client talks to never imports it."""
+        if self._mcp is None:
+            from t3d.api.mcp import McpServer
+            from t3d.api.mcp_tools import McpTools
+
+            self._mcp = McpServer(McpTools(self.methods, self._shell_json))
+        return self._mcp
 
     def _workspace_rows(self) -> Mapping[str, bytes]:
         """Thread id -> workspace status, for the shell rows a read is about to return."""
@@ -330,15 +340,19 @@ class ApiApp:
         return attrs.evolve(refusal, headers=(("upgrade", "websocket"),))
 
     async def _get_schema(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
-        if self._schema is None:  # built once, on first ask (t3d/api/schema.py)
+        if self._schema is None:  # imported and built once, on first ask (t3d/api/schema.py)
+            from t3d.api import schema
+
             self._schema = orjson.dumps(schema.document())
         return HttpResponse(200, self._schema)
 
     def _mcp_head(self, request: HttpRequest, token_ok: bool) -> HttpResponse | None:
         """MCP checks its own head (t3d/api/mcp.py): Origin (403), then the token (401), then
         the method and Accept, each answered the way MCP clients expect."""
+        from t3d.api.mcp import refuse  # MCP is imported on its first request
+
         origin_ok = origin_allowed(request.headers.get("origin"), *self._bound())
-        return mcp_refuse(request, origin_ok=origin_ok, token_ok=token_ok)
+        return refuse(request, origin_ok=origin_ok, token_ok=token_ok)
 
     async def _post_mcp(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
         origin_ok = origin_allowed(r.headers.get("origin"), *self._bound())

@@ -36,7 +36,6 @@ from t3d.config import Settings
 from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.providers.claude.session import ClaudeSession, SessionSpec
-from t3d.providers.codex.session import CodexSession
 from t3d.providers.reattach import Reattach
 from t3d.spawn.child import Child, Spawner
 
@@ -131,5 +130,8 @@ def open_session(
     if spec.provider in ("claude", "replay"):
         return ClaudeSession(spec, write, spawner, clock)
     if spec.provider in ("codex", "replay-codex"):
+        # Imported on the first Codex thread's session: a daemon that runs none never loads it.
+        from t3d.providers.codex.session import CodexSession
+
         return CodexSession(spec, write, spawner, clock, retry_timeout=settings.codex_retry_timeout)
     raise ValueError(f"provider {spec.provider!r} has no session driver")
