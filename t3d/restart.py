@@ -15,6 +15,9 @@ The order matters, so recovery never runs blind:
    them still run.
 4. Each kept agent gets a session that replays its open turn's output and reads on
    (`Sessions.reattach`); one that cannot be attached is stopped and its turn fails.
+   Up to `REATTACH_AT_ONCE` are taken over at once: each waits on a database read and a
+   spawner round trip, and one after another those waits would add up to most of a
+   restart's down time with a hundred agents.
 
 All of this happens before the effect worker starts, so no effect reaches a thread
 before its agent is back. A direct spawner (``T3D_PROCESS_SPAWNER=off``) has no
@@ -34,6 +37,9 @@ from t3d.spawn.child import Orphan, Spawner
 from t3d.store.store import Store
 
 log = logging.getLogger("t3d.restart")
+
+# Agents taken over at once (each holds a reader for its context, then a spawner request).
+REATTACH_AT_ONCE = 16
 
 
 async def recover_after_restart(store: Store, spawner: Spawner, sessions: Sessions) -> int:
@@ -62,9 +68,17 @@ async def recover_after_restart(store: Store, spawner: Spawner, sessions: Sessio
                 "stopping pid %d (%s), left running by a previous daemon: its session is over", orphan.pid, orphan.tag or "no tag"
             )
             nursery.start_soon(spawner.stop_orphan, orphan)
-    taken = 0
-    for orphan in keep:
-        taken += await sessions.reattach(orphan)
+    limiter = trio.CapacityLimiter(REATTACH_AT_ONCE)
+    attached: list[bool] = []
+
+    async def reattach(orphan: Orphan) -> None:
+        async with limiter:
+            attached.append(await sessions.reattach(orphan))
+
+    async with trio.open_nursery() as nursery:
+        for orphan in keep:
+            nursery.start_soon(reattach, orphan)
+    taken = sum(attached)
     if orphans:
         log.info("took over %d agent(s) left running by the previous daemon; stopped %d", taken, len(orphans) - taken)
     return taken
