@@ -9,6 +9,12 @@ ready when ``GET /api/health`` answers. `restart_process` starts it again on the
 dir and port (its log appended). On exit it stops the daemon and every agent
 (``server.shutdown {stop_agents: true}``, as `t3d ctl shutdown --stop-agents`), then like a
 service manager would (SIGTERM, a grace period, SIGKILL), shielded and bounded.
+
+Before a daemon starts, `compile_bytecode` writes the ``.pyc`` files of ``t3d`` and
+``spawner`` (into their ``__pycache__``, ignored by git), so every start and restart is
+timed as an installed daemon's (pip compiles a wheel's modules at install); under
+``PYTHONDONTWRITEBYTECODE`` every start would otherwise compile every module again
+(about a third of the start's CPU).
 """
 
 from __future__ import annotations
@@ -29,11 +35,20 @@ import h11
 import trio
 
 from bench.client import HttpClient, HttpError, http_get_once
+from bench.fixture import REPO
 
 READY_TIMEOUT_S = 60.0
 STOP_GRACE_S = 30.0
 SHUTDOWN_ASK_S = 5.0
 REAL_GIT = shutil.which("git")
+
+
+def compile_bytecode() -> None:
+    """Byte-compile the daemon's and the spawner's modules (those up to date are skipped)."""
+    import compileall
+
+    for package in ("t3d", "spawner"):
+        compileall.compile_dir(REPO / package, quiet=1)
 
 
 class DaemonFailed(Exception):
@@ -128,6 +143,7 @@ async def open_daemon(
     if codex_fixture is not None:  # the replay-codex provider's (bench --provider codex|mix)
         argv += ["--replay-codex-fixture", str(codex_fixture)]
     env = daemon_env(state, settings)
+    await trio.to_thread.run_sync(compile_bytecode)
     with log.open("wb") as log_file:
         process = await trio.lowlevel.open_process(
             argv, stdout=log_file, stderr=subprocess.STDOUT, env=env

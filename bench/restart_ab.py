@@ -1,9 +1,13 @@
 """A restart's down time, A/B between two installations: ``python bench/restart_ab.py``.
 
     python bench/restart_ab.py --python /work/main/.venv/bin/python --python .venv/bin/python --runs 7
+    python bench/restart_ab.py --python .venv/bin/python@/tmp/a --python .venv/bin/python@/tmp/b
 
-Standard library only, so any interpreter runs it. For each ``--python`` (an
-installation's interpreter) one state dir is prepared (a first start creates the
+Standard library only, so any interpreter runs it. ``PY@DIR`` runs ``PY`` with the
+source tree ``DIR`` first on ``PYTHONPATH`` (e.g. a ``git archive`` of each branch, which
+may be byte-compiled with ``python -m compileall DIR`` to time an installed daemon;
+without ``.pyc`` files, under ``PYTHONDONTWRITEBYTECODE``, every start compiles every
+module). For each installation one state dir is prepared (a first start creates the
 database and the spawner, which then stays up as it does across a real restart), then
 the starts alternate A B A B ...: each runs ``PY -m t3d serve`` on its state dir with a
 ``NOTIFY_SOCKET`` this script reads, and times from the exec to the first 200 from
@@ -43,8 +47,9 @@ def health(port: int) -> bool:
         return False
 
 
-def one_start(python: str, state: Path, work: Path, log) -> dict[str, float]:
+def one_start(install: str, state: Path, work: Path, log) -> dict[str, float]:
     """Start, time to health and READY, SIGTERM, time to exit. Seconds."""
+    python, _, source = install.partition("@")
     notify_path = work / f"notify-{os.getpid()}-{time.monotonic_ns()}"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(notify_path))
@@ -52,6 +57,8 @@ def one_start(python: str, state: Path, work: Path, log) -> dict[str, float]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("T3D_")}
     env["NOTIFY_SOCKET"] = str(notify_path)
+    if source:
+        env["PYTHONPATH"] = source
     argv = [python, "-m", "t3d", "serve", "--state-dir", str(state), "--port", str(port),
             "--log-level", "warning", "--replay-speed", "0"]  # fmt: skip
     started = time.monotonic()
@@ -96,6 +103,10 @@ def main() -> int:
         states = {p: work / f"state-{i}" for i, p in enumerate(args.python)}
         for python, state in states.items():
             one_start(python, state, work, log)  # creates the database and the spawner
+            py, _, source = python.partition("@")
+            where = subprocess.run([py, "-c", "import t3d; print(t3d.__file__)"], env={**os.environ, "PYTHONPATH": source},
+                                   cwd=work, capture_output=True, text=True).stdout.strip()  # fmt: skip
+            print(f"{python}: t3d from {where}")
         for run in range(args.runs):
             for python in args.python if run % 2 == 0 else reversed(args.python):
                 for key, value in one_start(python, states[python], work, log).items():

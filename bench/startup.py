@@ -28,7 +28,7 @@ import orjson
 import trio
 
 from bench.client import HttpClient, http_get_once
-from bench.daemon import RunningDaemon, StateDir, daemon_env, free_port, prepare_state, stop_daemon
+from bench.daemon import RunningDaemon, StateDir, compile_bytecode, daemon_env, free_port, prepare_state, stop_daemon
 from bench.fixture import TURNS_NAME, fixture_path
 
 READY_TIMEOUT_S = 120.0
@@ -40,6 +40,7 @@ async def start_daemon_timed(
     """Start ``t3d serve`` on ``state`` (with ``flags``); seconds until /api/health first
     answers 200."""
     port = free_port()
+    compile_bytecode()  # timed as an installed daemon (bench/daemon.py)
     argv = [
         sys.executable,
         "-m",
