@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 TIMEOUT_S = 120.0
 
@@ -47,7 +48,7 @@ def health(port: int) -> bool:
         return False
 
 
-def one_start(install: str, state: Path, work: Path, log) -> dict[str, float]:
+def one_start(install: str, state: Path, work: Path, log: BinaryIO) -> dict[str, float]:
     """Start, time to health and READY, SIGTERM, time to exit. Seconds."""
     python, _, source = install.partition("@")
     notify_path = work / f"notify-{os.getpid()}-{time.monotonic_ns()}"

@@ -28,7 +28,15 @@ import orjson
 import trio
 
 from bench.client import HttpClient, http_get_once
-from bench.daemon import RunningDaemon, StateDir, compile_bytecode, daemon_env, free_port, prepare_state, stop_daemon
+from bench.daemon import (
+    RunningDaemon,
+    StateDir,
+    compile_bytecode,
+    daemon_env,
+    free_port,
+    prepare_state,
+    stop_daemon,
+)
 from bench.fixture import TURNS_NAME, fixture_path
 
 READY_TIMEOUT_S = 120.0
