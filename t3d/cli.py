@@ -14,12 +14,14 @@ terminal on stdin counts as SIGTERM.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import trio
 
@@ -207,6 +209,18 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _end_process(status: int) -> NoReturn:
+    """End the process of a `t3d serve` that has stopped: flush the logs and the standard
+    streams, then exit without the interpreter's teardown (freeing every module and object
+    took 50-200 ms, part of a restart's down time). Nothing is left to finish by then: the
+    store has committed every job and closed, and only idle daemon threads remain."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # closed, or its reader went away
+            stream.flush()
+    os._exit(status)
+
+
 def _stdin_is_terminal() -> bool:
     try:
         return os.isatty(sys.stdin.fileno())
@@ -261,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(build_parser(serve_only=words[:1] == ["serve"]), words)
     if args.command == "serve":
-        return serve(args)
+        _end_process(serve(args))
     if args.command == "schema":
         return write_schema(args.out)
     if args.command == "service":
