@@ -3,7 +3,8 @@ installs it as systemd user units.
 
 Exit status of ``serve``: 0 after a clean stop (SIGTERM, Ctrl-C, ``t3d ctl shutdown``),
 1 when the daemon had to stop or could not start (the database writer died, the port is
-taken, another daemon holds the state dir: systemd restarts it), 2 for bad settings or
+taken, another daemon holds the state dir, the database cannot take writes at start:
+systemd restarts it), 2 for bad settings or
 usage (systemd does not restart it: ``RestartPreventExitStatus=2``).
 
 Signals: SIGTERM stops the daemon and leaves the agents running for the next daemon on
@@ -94,7 +95,7 @@ def build_parser(*, serve_only: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"t3d {t3d.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    serve = commands.add_parser("serve", help="run the daemon in the foreground", description="Run the t3d daemon in the foreground until SIGTERM (agents keep running for the next daemon on the state dir), Ctrl-C (agents stop too) or `t3d ctl shutdown`.", epilog="exit status: 0 after a clean stop; 1 when it had to stop or could not start (port taken, another daemon holds the state dir, the database writer died); 2 for an invalid setting")
+    serve = commands.add_parser("serve", help="run the daemon in the foreground", description="Run the t3d daemon in the foreground until SIGTERM (agents keep running for the next daemon on the state dir), Ctrl-C (agents stop too) or `t3d ctl shutdown`.", epilog="exit status: 0 after a clean stop; 1 when it had to stop or could not start (port taken, another daemon holds the state dir, the database cannot take writes at start, the database writer died); 2 for an invalid setting")
     for flag, dest, text in SERVE_FLAGS:
         serve.add_argument(flag, dest=dest, default=None, help=text)
     if not serve_only:
