@@ -1,3 +1,3 @@
 """t3d: a local daemon that runs and supervises coding-agent sessions."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -32,6 +32,7 @@ from harness import (
 )
 from live_support import merge_chunks, write_flood_fixture
 
+from t3d import __version__
 from t3d.domain.model import PROVIDERS, RUNNABLE_PROVIDERS
 
 PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS = -32700, -32600, -32601, -32602
@@ -157,7 +158,7 @@ async def test_health_needs_no_token_and_everything_else_does(
         daemon = await start_daemon(nursery, tmp_path / "state")
         status, public = await http(daemon, "GET", "/api/health", token=False)
         assert status == 200
-        assert public == {"status": "ok", "reasons": [], "version": "0.1.0", "uptime_s": public["uptime_s"]}
+        assert public == {"status": "ok", "reasons": [], "version": __version__, "uptime_s": public["uptime_s"]}
         assert public["uptime_s"] >= 0
         status, health = await http(daemon, "GET", "/api/health")
         assert status == 200

@@ -23,6 +23,7 @@ import pytest
 import trio
 from harness import http
 
+from t3d import __version__
 from t3d.daemon import DaemonInfo
 
 T3D = str(Path(sys.executable).parent / "t3d")
@@ -301,7 +302,7 @@ async def test_ctl_status_and_threads(daemon: Served, tmp_path: Path) -> None:
             nursery.start_soon(run, "threads --json", "threads", "--json")
     for name, ran in results.items():
         assert ran.status == 0, (name, ran.err)
-    assert f"t3d 0.1.0 at http://127.0.0.1:{daemon.port}: ok" in results["status"].out
+    assert f"t3d {__version__} at http://127.0.0.1:{daemon.port}: ok" in results["status"].out
     report = orjson.loads(results["status --json"].out)
     assert report["health"]["status"] == "ok" and report["threads"] >= 1 and report["projects"] >= 1
     assert results["threads"].out.split()[:9] == ["ID", "PROJECT", "PROVIDER", "STATUS", "FOR", "LAST", "TURN", "TURNS", "TITLE"]
