@@ -50,7 +50,7 @@ import trio
 
 from t3d.domain import commands as c
 from t3d.domain import events as ev
-from t3d.domain.model import ProviderSession, TurnItem
+from t3d.domain.model import TurnItem
 from t3d.errors import ProtocolError, ProviderError, SpawnerError
 from t3d.providers.claude import events as ce
 from t3d.providers.claude.adapter import (
@@ -77,6 +77,7 @@ from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
 from t3d.providers.reattach import Reattach
+from t3d.providers.session_base import SessionBase
 from t3d.providers.silence import Quiet, watch_silence
 from t3d.spawn.child import Child, Spawner, stop_child
 
@@ -117,7 +118,7 @@ class SessionSpec:
     silence_timeout: float = 0.0
 
 
-class ClaudeSession(ResumeAfterRestart, BackgroundWork):
+class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
     def __init__(
         self,
         spec: SessionSpec,
@@ -168,19 +169,7 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork):
                 nursery.start_soon(self._run_silence_watch)
             try:
                 with self._inbox_scope:
-                    if reattach is not None:
-                        await self._reattach(nursery, reattach)
-                    async for effect in inbox:
-                        if isinstance(effect, ev.StartProviderTurn):
-                            await self._start_turn(nursery, effect)
-                        elif isinstance(effect, ev.SteerProviderTurn):
-                            await self._steer(effect)
-                        elif isinstance(effect, ev.InterruptProviderTurn):
-                            await self._interrupt(nursery, effect)
-                        elif isinstance(effect, ev.AnswerProviderRequest):
-                            await self._answer(effect)
-                        elif isinstance(effect, ev.StopProviderSession):
-                            break
+                    await self._serve_inbox(nursery, inbox, reattach)
             except trio.Cancelled:
                 if self._proc is not None and self._proc.process.detachable and self.detach_on_cancel():
                     self._detaching = True
@@ -426,29 +415,6 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork):
         if ended is not None:
             await self._end_turn(ended)
         await self._stop_tasks(f"{self.spec.provider}'s process exited (status {code}), and its background tasks with it")
-
-    async def _record_session(
-        self,
-        proc: ClaudeProcess,
-        *,
-        status: str,
-        exit_code: int | None = None,
-        stderr_tail: str | None = None,
-    ) -> None:
-        now = self._clock()
-        session = ProviderSession(
-            id=proc.session_id,
-            thread_id=self.spec.thread_id,
-            provider=self.spec.provider,
-            status=status,  # type: ignore[arg-type]
-            started_at=proc.started_at,
-            native_session_id=self._resume,
-            pid=proc.process.pid,
-            exited_at=now if status == "exited" else None,
-            exit_code=exit_code,
-            stderr_tail=stderr_tail,
-        )
-        await self._commit(c.RecordSession(session))
 
     # --- lines → domain ------------------------------------------------------------------
 

@@ -35,7 +35,6 @@ import trio
 
 import t3d
 from t3d.domain import commands as c
-from t3d.domain.model import ProviderSession
 from t3d.errors import ProviderError, SpawnerError
 from t3d.providers.claude.process import ClaudeProcess as CliProcess
 from t3d.providers.claude.session import SessionSpec
@@ -51,6 +50,7 @@ from t3d.providers.codex.encode import (
 from t3d.providers.codex.peer import CodexPeer, CodexRefused
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
+from t3d.providers.session_base import SessionBase
 from t3d.providers.silence import SILENT_REASON, silence_error
 from t3d.spawn.child import Spawner
 
@@ -77,7 +77,7 @@ def scope_unit(thread_id: str, session_id: str) -> str:
     return f"t3d-agent-{safe[:64]}-{session_id[:8]}"
 
 
-class AppServer:
+class AppServer(SessionBase):
     """The process side of `CodexSession` (state is set up by its ``__init__``)."""
 
     spec: SessionSpec
@@ -241,29 +241,6 @@ class AppServer:
         detail = _stderr_detail(stderr) or turn.last_error or "no output on stderr"
         error = f"{provider} exited with status {code} before the turn finished: {detail}"
         return TurnEnded("failed", error, "provider_exited", turn.usage())
-
-    async def _record_session(
-        self,
-        proc: CliProcess,
-        *,
-        status: str,
-        exit_code: int | None = None,
-        stderr_tail: str | None = None,
-    ) -> None:
-        now = self._clock()
-        session = ProviderSession(
-            id=proc.session_id,
-            thread_id=self.spec.thread_id,
-            provider=self.spec.provider,
-            status=status,  # type: ignore[arg-type]
-            started_at=proc.started_at,
-            native_session_id=self._resume,
-            pid=proc.process.pid,
-            exited_at=now if status == "exited" else None,
-            exit_code=exit_code,
-            stderr_tail=stderr_tail,
-        )
-        await self._commit(c.RecordSession(session))
 
     async def _let_go(self, peer: CodexPeer) -> None:
         """Leave the process running for the next daemon: stop reading, let what was read

@@ -127,19 +127,7 @@ class CodexSession(ResumeAfterRestart):
                 nursery.start_soon(self._run_silence_watch)
             try:
                 with self._inbox_scope:
-                    if reattach is not None:
-                        await self._reattach(nursery, reattach)
-                    async for effect in inbox:
-                        if isinstance(effect, ev.StartProviderTurn):
-                            await self._start_turn(nursery, effect)
-                        elif isinstance(effect, ev.SteerProviderTurn):
-                            await self._steer(effect)
-                        elif isinstance(effect, ev.InterruptProviderTurn):
-                            await self._interrupt(nursery, effect)
-                        elif isinstance(effect, ev.AnswerProviderRequest):
-                            await self._answer(effect)
-                        elif isinstance(effect, ev.StopProviderSession):
-                            break
+                    await self._serve_inbox(nursery, inbox, reattach)
             except trio.Cancelled:
                 if self._can_leave() and self.detach_on_cancel():
                     self._detaching = True

@@ -1,0 +1,77 @@
+"""What every provider session does the same way, whatever its CLI speaks: it takes its
+effects from the inbox one at a time, in order (after taking over the agent a restart
+left, if any), and it records each of its processes as a `ProviderSession` row.
+
+`ClaudeSession` and `CodexSession` mix this in; they supply the handlers it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+import trio
+
+from t3d.domain import commands as c
+from t3d.domain import events as ev
+from t3d.domain.model import ProviderSession
+
+if TYPE_CHECKING:
+    from t3d.providers.claude.process import ClaudeProcess
+    from t3d.providers.claude.session import SessionSpec
+    from t3d.providers.reattach import Reattach
+
+
+class SessionBase:
+    spec: SessionSpec
+    _resume: str | None
+    _clock: Callable[[], float]
+    _commit: Callable[[c.Command], Awaitable[None]]
+    _reattach: Callable[[trio.Nursery, Reattach], Awaitable[None]]
+    _start_turn: Callable[[trio.Nursery, ev.StartProviderTurn], Awaitable[None]]
+    _steer: Callable[[ev.SteerProviderTurn], Awaitable[None]]
+    _interrupt: Callable[[trio.Nursery, ev.InterruptProviderTurn], Awaitable[None]]
+    _answer: Callable[[ev.AnswerProviderRequest], Awaitable[None]]
+
+    async def _serve_inbox(
+        self, nursery: trio.Nursery, inbox: trio.MemoryReceiveChannel[ev.Effect], reattach: Reattach | None
+    ) -> None:
+        """Take over ``reattach``'s agent, then handle the effects in order until a
+        `StopProviderSession` or the end of the inbox."""
+        if reattach is not None:
+            await self._reattach(nursery, reattach)
+        async for effect in inbox:
+            if isinstance(effect, ev.StartProviderTurn):
+                await self._start_turn(nursery, effect)
+            elif isinstance(effect, ev.SteerProviderTurn):
+                await self._steer(effect)
+            elif isinstance(effect, ev.InterruptProviderTurn):
+                await self._interrupt(nursery, effect)
+            elif isinstance(effect, ev.AnswerProviderRequest):
+                await self._answer(effect)
+            elif isinstance(effect, ev.StopProviderSession):
+                return
+
+    async def _record_session(
+        self,
+        proc: ClaudeProcess,
+        *,
+        status: str,
+        exit_code: int | None = None,
+        stderr_tail: str | None = None,
+    ) -> None:
+        """Commit the process's `ProviderSession` row: running, or exited with its status."""
+        now = self._clock()
+        session = ProviderSession(
+            id=proc.session_id,
+            thread_id=self.spec.thread_id,
+            provider=self.spec.provider,
+            status=status,  # type: ignore[arg-type]
+            started_at=proc.started_at,
+            native_session_id=self._resume,
+            pid=proc.process.pid,
+            exited_at=now if status == "exited" else None,
+            exit_code=exit_code,
+            stderr_tail=stderr_tail,
+        )
+        await self._commit(c.RecordSession(session))
