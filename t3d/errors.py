@@ -76,7 +76,8 @@ class DomainError(T3dError):
     """A command was rejected by the domain rules.
 
     ``code`` is a stable machine name (``not_found``, ``conflict``,
-    ``invalid``) that the API maps onto a JSON-RPC error code.
+    ``invalid``) that the API maps onto a JSON-RPC error code; ``full`` (a bound
+    reached, e.g. a turn's pending requests) is met by provider writes only.
     """
 
     def __init__(self, code: str, message: str) -> None:

@@ -31,6 +31,8 @@ Rules worth knowing:
   thread's queue, behind a turn held by admission) or cancelled. A steered
   message goes into a ``running`` or ``waiting`` turn as an item and an effect;
   with none it is an ordinary turn.
+- A turn has at most ``MAX_PENDING_REQUESTS`` pending requests: the next is refused
+  (code ``full``), so a provider flooding prompts cannot grow a turn without bound.
 - Background task items may change after their turn ended (`RecordTasks`); the
   thread lists the ones still running.
 """
@@ -60,6 +62,7 @@ from t3d.domain.model import (
     DECISIONS,
     DELIVERIES,
     HOLD_REASONS,
+    MAX_PENDING_REQUESTS,
     MAX_RUNNING_TASKS,
     PROVIDERS,
     RUNNABLE_PROVIDERS,
@@ -473,6 +476,11 @@ def _record_items(d: _Draft, cmd: c.RecordItems, now: float) -> Decision:
 def _open_request(d: _Draft, cmd: c.OpenRequest, now: float) -> Decision:
     turn = _open_turn(d, cmd.turn_id)
     _require(d.view.request(cmd.request_id) is None, "conflict", f"request id {cmd.request_id!r} is taken")
+    _require(
+        len(d.view.pending_requests(turn.id)) < MAX_PENDING_REQUESTS,
+        "full",
+        f"this turn already has {MAX_PENDING_REQUESTS} prompts waiting for an answer; answer those first (requests.pending)",
+    )
     item = _upsert_item(d, cmd.item, turn)
     d.put(
         RuntimeRequest(

@@ -35,6 +35,9 @@ TurnStarter = Literal["user", "provider"]
 DELIVERIES = ("queue", "steer")
 # Background task item ids a thread lists as still running (the oldest leave the list first).
 MAX_RUNNING_TASKS = 64
+# Runtime requests (prompts) a turn may have pending at once. At the bound the domain
+# refuses the next (`DomainError` code ``full``) and the session denies it to its CLI.
+MAX_PENDING_REQUESTS = 64
 
 ItemKind = Literal[
     "user_message",

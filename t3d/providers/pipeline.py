@@ -19,7 +19,9 @@ Rules:
 - Errors: an update the domain rejects (its thread was deleted meanwhile) is
   reported to ``on_rejected``, as the session did before; any other error is
   raised from the next `write` or `drain`, so it reaches the session's
-  supervisor.
+  supervisor. A barrier refused at a bound (code ``full``: a turn's pending
+  requests) is raised from `write`: the session answers its CLI itself
+  (`t3d.providers.prompts`).
 - The database unavailable (a full disk, another process's lock) is not an
   error here: the writer holds updates and retries them in order, and a barrier
   goes through `Store.record`, which waits and retries; the session waits at the
@@ -73,6 +75,8 @@ class WritePipeline:
         try:
             await self._record(command)
         except DomainError as exc:
+            if exc.code == "full":
+                raise
             self._on_rejected(command, exc)
             return False
         return True

@@ -67,6 +67,7 @@ from t3d.providers.claude.encode import (
     encode_answer,
     encode_control_error,
     encode_interrupt,
+    encode_permission_deny,
     encode_user_message,
 )
 from t3d.providers.claude.process import ClaudeProcess
@@ -76,6 +77,7 @@ from t3d.providers.claude.tasks import TASK_EVENTS
 from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
+from t3d.providers.prompts import open_request
 from t3d.providers.reattach import Reattach
 from t3d.providers.session_base import SessionBase
 from t3d.providers.silence import Quiet, watch_silence
@@ -499,9 +501,12 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
             # practice, and a replayed (or looping) recording repeats them.
             request_id = f"{turn.turn_id}:{change.request_id}"
             self._requests[request_id] = (change.request_id, change.data)
-            await self._commit(
-                c.OpenRequest(turn.turn_id, request_id, "permission", change.item, change.data)
+            denied = await open_request(
+                self._commit, c.OpenRequest(turn.turn_id, request_id, "permission", change.item, change.data), self._warnings
             )
+            if denied is not None:  # over the turn's bound: not opened, the CLI told at once
+                self._requests.pop(request_id, None)
+                await self._send_quietly(encode_permission_deny(change.request_id, denied))
         elif isinstance(change, SessionSeen):
             self._native_seen = change.native_session_id
         elif isinstance(change, TurnEnded):

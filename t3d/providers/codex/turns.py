@@ -64,6 +64,7 @@ from t3d.providers.codex.process import AppServer
 from t3d.providers.codex.protocol import parse_line
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
+from t3d.providers.prompts import open_request
 from t3d.providers.silence import Quiet, watch_silence
 from t3d.spawn.child import stop_child
 
@@ -350,7 +351,13 @@ class TurnDriver(AppServer):
             # Scoped by turn like item ids: Codex's request ids count from 0 per process.
             request_id = f"{turn.turn_id}:{change.request_id}"
             self._requests[request_id] = change.request
-            await self._commit(c.OpenRequest(turn.turn_id, request_id, "permission", change.item, change.data))
+            command = c.OpenRequest(turn.turn_id, request_id, "permission", change.item, change.data)
+            denied = await open_request(self._commit, command, self._warnings)
+            if denied is not None:  # over the turn's bound: not opened, Codex told at once
+                self._requests.pop(request_id, None)
+                line = encode_result(change.request.id, approval_result(change.request, "deny", denied))
+                if self._peer is not None:
+                    await self._auto_answer(self._peer, change.request.id, line, replaying)
         elif isinstance(change, TurnEnded):
             await self._flush_held()
             await self._end_turn(change, turn, acked=True)
