@@ -22,6 +22,7 @@ import trio
 from harness import TEST_FIXTURES, http, new_thread, run_turn, wait_until
 from served import Served, base_env, kill_leftovers, open_ws, query, serve
 
+from t3d.domain.model import MAX_PENDING_REQUESTS
 from t3d.providers.claude.process import STDERR_TAIL
 from t3d.providers.lines import DEFAULT_MAX_LINE
 
@@ -218,3 +219,47 @@ async def test_a_flood_of_control_requests_is_answered_and_contained(tmp_path: P
     finally:
         kill_leftovers([], state)
 
+
+
+async def test_a_flood_of_permission_prompts_opens_at_most_the_bound(tmp_path: Path) -> None:
+    """A Claude CLI that sends 1,000 `can_use_tool` prompts in one turn: at most
+    MAX_PENDING_REQUESTS are pending (requests.pending), every other one is denied to the
+    CLI at once with a message naming the bound, health answers meanwhile, and answering
+    the pending ones lets the turn complete with its normal reply."""
+    count = 1000
+    binary, report = abusive_claude(tmp_path, "prompt-flood")
+    state = tmp_path / "state"
+
+    def summary() -> dict[str, Any]:
+        return orjson.loads(report.read_bytes()) if report.exists() else {"responses": 0}
+
+    try:
+        with trio.fail_after(240):
+            async with serve(state, "--claude-bin", binary, env=base_env(ABUSIVE_COUNT=str(count))) as daemon, open_ws(daemon) as client:
+                thread_id = await new_thread(client, project(tmp_path), provider="claude")
+                turn_id = (await client.call("turn.start", thread_id=thread_id, text="prompts galore"))["turn_id"]
+                await wait_until(lambda: summary()["responses"] >= count - MAX_PENDING_REQUESTS, interval=0.1)
+                await health_answers(daemon)
+                pending = (await client.call("requests.pending", thread_id=thread_id))["requests"]
+                assert len(pending) == MAX_PENDING_REQUESTS, len(pending)
+                denied = summary()
+                assert denied["behaviours"] == {"deny": count - MAX_PENDING_REQUESTS}, denied["behaviours"]
+                assert denied["deny_messages"] == [
+                    f"t3d: this turn already has {MAX_PENDING_REQUESTS} prompts waiting for an answer; "
+                    "answer those first (requests.pending); this one was denied without asking"
+                ]
+                for request in pending:
+                    await client.call("request.respond", request_id=request["id"], decision="allow")
+                turn = await client.wait_event(
+                    lambda d: d["kind"] == "turn.updated" and d["entity"]["id"] == turn_id and d["entity"]["status"] in ("completed", "failed", "interrupted", "cancelled")
+                )
+                assert turn["entity"]["status"] == "completed", turn
+                await wait_until(lambda: summary()["responses"] == count, interval=0.1)  # written after the reply
+                final = summary()
+                assert final["answered"] == sorted(f"prompt_{n}" for n in range(count))
+                assert final["behaviours"] == {"deny": count - MAX_PENDING_REQUESTS, "allow": MAX_PENDING_REQUESTS}
+                assert (await client.call("requests.pending", thread_id=thread_id))["requests"] == []
+                opened = await query(daemon.db_path, "SELECT count(*) FROM requests WHERE thread_id = ?", thread_id)
+                assert opened == [(MAX_PENDING_REQUESTS,)]
+    finally:
+        kill_leftovers([], state)
