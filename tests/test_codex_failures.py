@@ -18,6 +18,9 @@ import pytest
 import trio
 from harness import TERMINAL, TEST_FIXTURES, http, new_thread, open_client, run_turn, start_daemon
 
+from t3d.domain.model import MAX_PENDING_REQUESTS
+from t3d.providers.log_limit import BURST
+
 Json = dict[str, Any]
 
 MISBEHAVING = TEST_FIXTURES / "misbehaving_codex"
@@ -253,3 +256,36 @@ async def test_a_flood_of_garbage_lines_logs_a_few_warnings_and_a_summary(
     summaries = [m for m in notes if "more like that" in m]
     assert len(summaries) == 1 and "195 more like that" in summaries[0], summaries
     assert again.turn["status"] == "completed"
+
+
+async def test_a_flood_of_codex_approvals_opens_at_most_the_bound(
+    tmp_path: Path, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """300 approvals in one Codex turn: MAX_PENDING_REQUESTS are pending (requests.pending),
+    every other one is declined to Codex at once, the refusals are logged rate-limited (a
+    few warnings naming the bound and one summary), health answers, and answering the
+    pending ones lets the turn complete."""
+    caplog.set_level(logging.WARNING, logger="t3d.providers.codex")
+    with trio.fail_after(120):
+        daemon = await start_daemon(nursery, tmp_path / "state", codex_bin=fake_codex(tmp_path, "approval-flood"))
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="codex")
+            turn_id = (await client.call("turn.start", thread_id=thread_id, text="approve all"))["turn_id"]
+            # Written after every approval: once recorded, the daemon has read them all.
+            await client.wait_event(lambda d: d["kind"] == "item.updated" and d["entity"].get("text") == "all asked")
+            await assert_healthy(daemon)
+            pending = (await client.call("requests.pending", thread_id=thread_id))["requests"]
+            assert len(pending) == MAX_PENDING_REQUESTS, len(pending)
+            for request in pending:
+                await client.call("request.respond", request_id=request["id"], decision="allow")
+            tally = await client.wait_event(lambda d: d["kind"] == "item.updated" and str(d["entity"].get("text")).startswith("declined="))
+            end = await client.wait_event(
+                lambda d: d["kind"] == "turn.updated" and d["entity"]["id"] == turn_id and d["entity"]["status"] in TERMINAL
+            )
+            assert end["entity"]["status"] == "completed", end["entity"]
+        daemon.stop()
+    assert tally["entity"]["text"] == f"declined={300 - MAX_PENDING_REQUESTS} accepted={MAX_PENDING_REQUESTS}"
+    denials = [r.getMessage() for r in caplog.records if "without asking" in r.getMessage()]
+    assert 1 < len(denials) <= BURST + 1, denials
+    assert f"this turn already has {MAX_PENDING_REQUESTS} prompts waiting for an answer" in denials[0]
+    assert "more like that" in denials[-1], denials
