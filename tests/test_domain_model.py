@@ -26,7 +26,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from t3d.domain import commands as c
 from t3d.domain.codec import event_from, to_json
 from t3d.domain.decide import decide
-from t3d.domain.model import ACTIVE_TURN_STATUSES, TurnItem
+from t3d.domain.model import ACTIVE_TURN_STATUSES, MAX_PENDING_REQUESTS, TurnItem
 from t3d.domain.state import State, fold
 from t3d.errors import DomainError
 from t3d.store.commit import execute
@@ -172,6 +172,8 @@ def check_invariants(state: State) -> None:
     for request in state.requests.values():
         if request.status == "pending":
             assert state.turns[request.turn_id].status == "waiting", "a pending request holds its turn waiting"
+    for turn in state.turns.values():
+        assert len(state.pending_requests(turn.id)) <= MAX_PENDING_REQUESTS, "a turn's pending requests are bounded"
     for thread in state.threads.values():
         running = {i.id for i in state.items.values() if i.kind == "background_task" and i.status == "running" and i.thread_id == thread.id}
         assert set(thread.running_tasks) <= running, "a thread lists only its tasks still running"
@@ -199,7 +201,7 @@ class DomainMachine(RuleBasedStateMachine):
         try:
             decision = decide(self.state, command, float(next(self.clock)))
         except DomainError as exc:
-            assert exc.code in ("not_found", "conflict", "invalid")
+            assert exc.code in ("not_found", "conflict", "invalid", "full")
             return
         for event in decision.events:
             self.state.apply(event)
@@ -282,3 +284,35 @@ TestStoreMachine = StoreMachine.TestCase
 TestStoreMachine.settings = settings(
     max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_a_turn_opens_at_most_the_bound_of_pending_requests() -> None:
+    """A turn with MAX_PENDING_REQUESTS pending requests refuses the next one (code
+    ``full``, naming the bound and the fix) and records nothing for it; once one is
+    answered, a new one opens again."""
+    state, clock = State(), itertools.count(1)
+
+    def run(command: c.Command) -> None:
+        for event in decide(state, command, float(next(clock))).events:
+            state.apply(event)
+
+    def ask(key: int) -> c.OpenRequest:
+        return c.OpenRequest("u-1", f"r-{key}", "permission", attrs.evolve(_approval, id=f"i-req-{key}"))
+
+    for command in (*SETUP, c.StartTurn("t-a", "u-1", "go")):
+        run(command)
+    for key in range(MAX_PENDING_REQUESTS):
+        run(ask(key))
+    before = (dict(state.requests), dict(state.items))
+    try:
+        decide(state, ask(MAX_PENDING_REQUESTS), 100.0)
+    except DomainError as exc:
+        assert exc.code == "full"
+        assert f"already has {MAX_PENDING_REQUESTS} prompts waiting for an answer" in exc.message
+        assert "requests.pending" in exc.message
+    else:
+        raise AssertionError("the request over the bound was opened")
+    assert (dict(state.requests), dict(state.items)) == before
+    run(c.RespondToRequest("r-0", "allow", None))
+    run(ask(MAX_PENDING_REQUESTS))
+    assert len(state.pending_requests("u-1")) == MAX_PENDING_REQUESTS
