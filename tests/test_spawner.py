@@ -228,11 +228,12 @@ def _parent_pid(pid: int) -> int:
 
 
 def _alive(pid: int) -> bool:
-    """Running (a zombie or a reaped pid is not)."""
+    """Running (a zombie or a reaped pid is not; reading the stat of a pid that goes away
+    meanwhile raises ProcessLookupError)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
