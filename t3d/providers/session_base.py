@@ -14,11 +14,12 @@ import trio
 
 from t3d.domain import commands as c
 from t3d.domain import events as ev
-from t3d.domain.model import ProviderSession
+from t3d.domain.model import ProviderSession, TurnItem
 
 if TYPE_CHECKING:
     from t3d.providers.claude.process import ClaudeProcess
     from t3d.providers.claude.session import SessionSpec
+    from t3d.providers.coalesce import ItemCoalescer
     from t3d.providers.reattach import Reattach
 
 
@@ -32,6 +33,8 @@ class SessionBase:
     _steer: Callable[[ev.SteerProviderTurn], Awaitable[None]]
     _interrupt: Callable[[trio.Nursery, ev.InterruptProviderTurn], Awaitable[None]]
     _answer: Callable[[ev.AnswerProviderRequest], Awaitable[None]]
+    _items: ItemCoalescer
+    _held: dict[str, TurnItem]
 
     async def _serve_inbox(
         self, nursery: trio.Nursery, inbox: trio.MemoryReceiveChannel[ev.Effect], reattach: Reattach | None
@@ -51,6 +54,18 @@ class SessionBase:
                 await self._answer(effect)
             elif isinstance(effect, ev.StopProviderSession):
                 return
+
+    async def _item_changed(self, turn_id: str, item: TurnItem, *, final: bool, replaying: bool) -> None:
+        """Record an item's new state: held while a replay runs (written once it is through,
+        or before its next barrier), committed at once when final, else streamed through the
+        coalescer."""
+        if replaying:
+            self._held[item.id] = item
+        elif final:
+            self._items.forget((item.id,))
+            await self._commit(c.RecordItems(turn_id, (item,)))
+        else:
+            await self._items.stream(turn_id, item)
 
     async def _record_session(
         self,

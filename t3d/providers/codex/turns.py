@@ -339,13 +339,7 @@ class TurnDriver(AppServer):
 
     async def _apply(self, turn: TurnMapper, change: Change, *, replaying: bool = False) -> None:
         if isinstance(change, ItemChanged):
-            if replaying:  # written once the replay is through (or before its next barrier)
-                self._held[change.item.id] = change.item
-            elif change.final:
-                self._items.forget((change.item.id,))
-                await self._commit(c.RecordItems(turn.turn_id, (change.item,)))
-            else:
-                await self._items.stream(turn.turn_id, change.item)
+            await self._item_changed(turn.turn_id, change.item, final=change.final, replaying=replaying)
         elif isinstance(change, PermissionAsked):
             await self._flush_held()
             # Scoped by turn like item ids: Codex's request ids count from 0 per process.
