@@ -16,7 +16,16 @@ from typing import Any
 
 import pytest
 import trio
-from harness import TERMINAL, TEST_FIXTURES, http, new_thread, open_client, run_turn, start_daemon
+from harness import (
+    TERMINAL,
+    TEST_FIXTURES,
+    http,
+    new_thread,
+    open_client,
+    run_turn,
+    start_daemon,
+    wait_until,
+)
 
 from t3d.domain.model import MAX_PENDING_REQUESTS
 from t3d.providers.log_limit import BURST
@@ -209,6 +218,30 @@ async def test_a_silent_codex_fails_its_turn_after_the_silence_timeout(tmp_path:
     first, second = sessions(seen).values()
     assert first["status"] == "exited" and second["pid"] != first["pid"]
     assert again.turn["status"] == "completed" and again.assistant_text == ["ok: are you back"]
+
+
+async def test_archiving_while_an_idle_codex_is_on_its_way_out_still_records_its_exit(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """The thread is archived after its idle app-server was told to stop (stdin closed) and
+    before it has exited: the session waits for that exit and records it (exited, status
+    0), rather than leaving the session `running` in the store for ever. It once did,
+    whenever an archive (or a stop) met an idle stop."""
+    marker = tmp_path / "slow-exit.launches.eof"
+    with trio.fail_after(30):
+        daemon = await start_daemon(
+            nursery, tmp_path / "state", codex_bin=fake_codex(tmp_path, "slow-exit"), provider_idle_timeout=0.2
+        )
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="codex")
+            assert (await run_turn(client, thread_id, "hello")).turn["status"] == "completed"
+            await wait_until(marker.exists)  # the idle stop closed its stdin; it exits 1 s later
+            await client.call("thread.archive", thread_id=thread_id)
+            exited = await client.wait_event(
+                lambda d: d["kind"] == "session.updated" and d["entity"]["status"] == "exited"
+            )
+        daemon.stop()
+    assert exited["entity"]["exit_code"] == 0
 
 
 async def test_a_codex_turn_waiting_on_an_approval_does_not_time_out(tmp_path: Path, nursery: trio.Nursery) -> None:

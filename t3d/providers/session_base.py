@@ -1,6 +1,7 @@
 """What every provider session does the same way, whatever its CLI speaks: it takes its
 effects from the inbox one at a time, in order (after taking over the agent a restart
-left, if any), and it records each of its processes as a `ProviderSession` row.
+left, if any), it records each of its processes as a `ProviderSession` row, and it
+does not end before a process it stopped for being idle has recorded its exit.
 
 `ClaudeSession` and `CodexSession` mix this in; they supply the handlers it names.
 """
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from t3d.providers.coalesce import ItemCoalescer
     from t3d.providers.reattach import Reattach
 
+# How long a stopping session waits for its process's exit to be recorded.
+EXIT_RECORD_S = 5.0
 
 class SessionBase:
     spec: SessionSpec
@@ -35,6 +38,9 @@ class SessionBase:
     _answer: Callable[[ev.AnswerProviderRequest], Awaitable[None]]
     _items: ItemCoalescer
     _held: dict[str, TurnItem]
+    # The process last stopped for being idle: forgotten by the session (the next turn
+    # starts a new one) while its reader, in the session's nursery, records its exit.
+    _idle_stopped: ClaudeProcess | None = None
 
     async def _serve_inbox(
         self, nursery: trio.Nursery, inbox: trio.MemoryReceiveChannel[ev.Effect], reattach: Reattach | None
@@ -54,6 +60,21 @@ class SessionBase:
                 await self._answer(effect)
             elif isinstance(effect, ev.StopProviderSession):
                 return
+
+    async def _stop_idle(self, proc: ClaudeProcess) -> None:
+        """Stop ``proc``, which the caller has just forgotten for being idle; its exit ends
+        no turn, and the session's end waits for it (`_settle_idle_stop`)."""
+        proc.detached = True
+        self._idle_stopped = proc
+        await proc.stop()
+
+    async def _settle_idle_stop(self) -> None:
+        """The session is ending: let a process stopped for being idle record its exit first
+        (cancelling its reader would leave its row `running` for ever). Bounded."""
+        proc = self._idle_stopped
+        if proc is not None:
+            with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
+                await proc.exit_handled.wait()
 
     async def _item_changed(self, turn_id: str, item: TurnItem, *, final: bool, replaying: bool) -> None:
         """Record an item's new state: held while a replay runs (written once it is through,

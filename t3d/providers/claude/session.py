@@ -79,7 +79,7 @@ from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
 from t3d.providers.prompts import open_request
 from t3d.providers.reattach import Reattach
-from t3d.providers.session_base import SessionBase
+from t3d.providers.session_base import EXIT_RECORD_S, SessionBase
 from t3d.providers.silence import Quiet, watch_silence
 from t3d.spawn.child import Child, Spawner, stop_child
 
@@ -89,8 +89,6 @@ BeforeTurn = Callable[[str, int, str], Awaitable[None]]
 
 # A provider that takes no input for this long is treated as hung.
 SEND_TIMEOUT_S = 30.0
-# How long a stopping session waits for its process's exit to be recorded.
-EXIT_RECORD_S = 5.0
 # Turn ids a session remembers having started (to drop a stale start effect).
 KNOWN_TURNS = 16
 
@@ -185,6 +183,7 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
                     await proc.stop()
                     with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
                         await proc.exit_handled.wait()  # its reader records the exit first
+                await self._settle_idle_stop()
                 self._warnings.flush()
                 nursery.cancel_scope.cancel()
 
@@ -379,9 +378,8 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
             log.info(
                 "thread %s: stopping its idle %s process", self.spec.thread_id, self.spec.provider
             )
-            proc.detached = True
             self._proc = None  # the next turn starts a new process (with --resume)
-            await proc.stop()
+            await self._stop_idle(proc)
 
     async def _run_silence_watch(self) -> None:
         """Stop the process of a turn that has had no output for `silence_timeout` seconds

@@ -50,15 +50,13 @@ from t3d.providers.codex.encode import (
 from t3d.providers.codex.peer import CodexPeer, CodexRefused
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
-from t3d.providers.session_base import SessionBase
+from t3d.providers.session_base import EXIT_RECORD_S, SessionBase
 from t3d.providers.silence import SILENT_REASON, silence_error
 from t3d.spawn.child import Spawner
 
 log = logging.getLogger("t3d.providers.codex")
 
 CLIENT_NAME = "t3d"
-# How long a stopping session waits for its process's exit to be recorded.
-EXIT_RECORD_S = 5.0
 # Codex turn ids of finished turns the spawner is told of (their late notifications are
 # ignored after a takeover too).
 META_DONE_TURNS = 4
@@ -264,6 +262,5 @@ class AppServer(SessionBase):
             if proc is None or self._turn is not None or idle_for < self.spec.idle_timeout:
                 continue
             log.info("%s: stopping its idle %s process", self._tag, self.spec.provider)
-            proc.detached = True
             self._peer = None  # the next turn starts a new process (with thread/resume)
-            await proc.stop()
+            await self._stop_idle(proc)

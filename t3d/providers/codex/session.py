@@ -56,10 +56,10 @@ from t3d.providers.coalesce import ItemCoalescer
 from t3d.providers.codex import events as ce
 from t3d.providers.codex.adapter import TurnMapper
 from t3d.providers.codex.peer import CodexPeer
-from t3d.providers.codex.process import EXIT_RECORD_S
 from t3d.providers.codex.resume import ResumeAfterRestart
 from t3d.providers.log_limit import LogLimiter
 from t3d.providers.reattach import Reattach
+from t3d.providers.session_base import EXIT_RECORD_S
 from t3d.spawn.child import Child, Spawner, stop_child
 
 log = logging.getLogger("t3d.providers.codex")
@@ -140,6 +140,7 @@ class CodexSession(ResumeAfterRestart):
                     await peer.proc.stop()
                     with trio.CancelScope(shield=True), trio.move_on_after(EXIT_RECORD_S):
                         await peer.proc.exit_handled.wait()  # its reader records the exit first
+                await self._settle_idle_stop()
                 self._warnings.flush()
                 self._notes.flush()
                 nursery.cancel_scope.cancel()

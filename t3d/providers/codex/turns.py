@@ -362,6 +362,7 @@ class TurnDriver(AppServer):
         if self._turn is not turn:
             return  # it ended already: one terminal record per turn
         self._turn = None
+        self._idle_since = trio.current_time()  # idle from now, not from the previous turn's end
         self._retrying_since = None
         if turn.codex_turn_id is not None:
             self._done_turns.append(turn.codex_turn_id)
@@ -376,7 +377,6 @@ class TurnDriver(AppServer):
         if closing:
             await self._commit(c.RecordItems(turn.turn_id, closing))
         await self._commit(c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, None))
-        self._idle_since = trio.current_time()
         self._requests.clear()
         self._items.reset()
         self._warnings.flush()
