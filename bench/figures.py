@@ -15,6 +15,7 @@ monotonic seconds; the window is ``[start, end]``. Which records count:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -134,8 +135,13 @@ def _git(
 
 
 def _cpu(samples: Sequence[Sample], name: str) -> float | None:
-    values = [getattr(s, name) for s in samples if getattr(s, name) is not None]
-    return values[-1] - values[0] if len(values) >= 2 else None
+    """CPU seconds a process used across the samples. A counter that drops is a new process
+    (the daemon restarted by `--restart-every`): it counts from zero again, so the total is
+    the sum over the processes (less each old one's last sampling interval)."""
+    values: list[float] = [getattr(s, name) for s in samples if getattr(s, name) is not None]
+    if len(values) < 2:
+        return None
+    return sum(after - before if after >= before else after for before, after in itertools.pairwise(values))
 
 
 def _busy(samples: Sequence[Sample]) -> float | None:

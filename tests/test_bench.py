@@ -135,6 +135,21 @@ def test_database_growth_is_measured_per_third_of_the_window() -> None:
     assert (fig["db_mib_first_third"], fig["db_mib_last_third"]) == (13.0, 22.0)
 
 
+def test_daemon_cpu_adds_up_across_restarts() -> None:
+    """A CPU counter that drops is a restarted daemon: the figure sums what each process used
+    (it was last minus first, negative after a restart), and a steady counter is unchanged."""
+    from bench.figures import _cpu
+    from bench.sampler import Sample
+
+    def at(t: float, cpu: float | None) -> Sample:
+        return Sample(t, None, None, cpu, None, None, None, 0, 0.0, None, 0.0, 0, 0, None)
+
+    restarted = [at(0, 10.0), at(1, 14.0), at(2, 1.0), at(3, 3.5), at(4, None), at(5, 4.0)]
+    assert _cpu(restarted, "daemon_cpu") == 4.0 + 1.0 + 2.5 + 0.5
+    assert _cpu([at(0, 10.0), at(1, 12.0), at(2, 15.0)], "daemon_cpu") == 5.0
+    assert _cpu([at(0, 10.0)], "daemon_cpu") is None
+
+
 def test_command_line_lists() -> None:
     assert parse_compare("T3D_A=false 'T3D_B=x y'") == {"T3D_A": "false", "T3D_B": "x y"}
     assert parse_sessions("50,100, 250") == [50, 100, 250]
