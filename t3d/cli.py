@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import logging
 import os
 import signal
@@ -198,6 +199,9 @@ def serve(args: argparse.Namespace) -> int:
         warnings = [exposure, *warnings]
     for warning in warnings:
         logging.getLogger("t3d").warning("%s", warning)
+    # The daemon's modules are start-up's objects too: import them before the freeze, so
+    # that no full collection scans them (about 18,000 objects).
+    importlib.import_module("t3d.daemon")
     tune_gc()
     notify = notify_target(os.environ, os.getpid())
     for name in NOTIFY_ENVIRONMENT:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import trio
+from metrics_support import scrape, value
+from served import serve
 
 from t3d.cli import build_parser, main
 
@@ -29,6 +33,20 @@ def test_serve_start_leaves_first_use_modules_unimported() -> None:
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+async def test_serve_freezes_the_daemons_modules_with_start_up(tmp_path: Path) -> None:
+    """`t3d serve` freezes the garbage collector's view of start-up after importing the
+    daemon (t3d.daemon and all it imports), so full collections never scan those objects:
+    /metrics counts at least as many frozen objects as that import alone tracks."""
+    probe = "import gc, t3d.cli, t3d.daemon\ngc.collect()\nprint(len(gc.get_objects()))\n"
+    with trio.fail_after(120):
+        done = await trio.run_process([sys.executable, "-c", probe], capture_stdout=True)
+    imported = int(done.stdout)
+    with trio.fail_after(60):
+        async with serve(tmp_path / "state") as daemon:
+            frozen = value(await scrape(daemon.port, daemon.token), "t3d_gc_frozen_objects")
+    assert frozen >= 0.95 * imported, (frozen, imported)
 
 
 def _serve_parser(serve_only: bool) -> object:
