@@ -33,6 +33,7 @@ STEADY_FIGURES = (
     "providers_rss_peak_mib", "total_rss_peak_mib", "daemon_cpu_s", "spawner_cpu_s", "driver_cpu_s",
     "providers_cpu_s", "machine_busy_pct", "events_per_s", "git_per_turn", "limit", "turns_per_limit",
     "gate_closed_pct", "daemon_child_processes", "turn_p50_per_fixture", "providers_rss_per_session_mib",
+    "daemon_cpu_ms_per_turn", "daemon_cpu_ms_per_kline", "spawner_cpu_ms_per_turn",
 )  # fmt: skip
 STEADY_EXTRAS = (
     "turns_failed", "turns_in_flight", "health_failures", "providers_peak",
@@ -77,6 +78,8 @@ class Inputs:
     daemon_children: int | None = None  # processes the daemon started itself (not the spawner)
     # GET /metrics samples (bench/scraper.py): [monotonic start, round trip ms or None, bytes].
     scrapes: Sequence[Sequence[Any]] | None = None
+    # The fixture's mean stdout lines per turn (for CPU per 1,000 provider lines).
+    lines_per_turn: float | None = None
 
 
 def turns_of(load: dict[str, Any]) -> list[dict[str, Any]]:
@@ -203,6 +206,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     fig["driver_cpu_s"] = _cpu(window_samples, "driver_cpu")
     fig["providers_cpu_s"] = _cpu(window_samples, "providers_cpu")
     fig["machine_busy_pct"] = _busy(window_samples)
+    _cpu_per_turn(fig, missing, len(done), i.lines_per_turn)
     if i.sequence_span is None:
         fig["events_per_s"] = None
         missing["events_per_s"] = (
@@ -242,6 +246,31 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     _scrapes(i.scrapes, start, end, fig, missing)
     _driver(i.load, fig)
     return fig, missing
+
+
+def _cpu_per_turn(fig: dict[str, Any], missing: dict[str, str], turns: int, lines_per_turn: float | None) -> None:
+    """Daemon (and spawner) CPU in the window per turn completed in it, and the daemon's per
+    1,000 provider stdout lines (turns x the fixture's mean lines per turn). CPU spent on
+    turns still in flight at the window's edges counts too, so it is an estimate that is
+    close when many turns fit in the window."""
+    names = ("daemon_cpu_ms_per_turn", "daemon_cpu_ms_per_kline", "spawner_cpu_ms_per_turn")
+    daemon, spawner = fig.get("daemon_cpu_s"), fig.get("spawner_cpu_s")
+    if not turns:
+        for name in names:
+            fig[name] = None
+            missing[name] = "no turn completed in the window"
+        return
+    fig["daemon_cpu_ms_per_turn"] = None if daemon is None else daemon * 1000 / turns
+    fig["spawner_cpu_ms_per_turn"] = None if spawner is None else spawner * 1000 / turns
+    lines = None if lines_per_turn is None else turns * lines_per_turn
+    fig["daemon_cpu_ms_per_kline"] = None if daemon is None or not lines else daemon * 1000 / (lines / 1000)
+    if not lines:
+        missing["daemon_cpu_ms_per_kline"] = "the fixture's lines per turn are not known"
+    for name, value in (("daemon", daemon), ("spawner", spawner)):
+        if value is None:
+            for figure in names:
+                if figure.startswith(name):
+                    missing[figure] = f"the {name}'s CPU was not sampled at both ends of the window"
 
 
 def _scrapes(scrapes: Sequence[Sequence[Any]] | None, start: float, end: float, fig: dict[str, Any], missing: dict[str, str]) -> None:

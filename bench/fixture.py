@@ -410,6 +410,12 @@ def mean_turn_s(jsonl_path: Path) -> float:
     return sum(t.duration_ms for t in timings) / len(timings) / 1000
 
 
+def mean_lines_per_turn(jsonl_path: Path) -> float:
+    """The fixture's mean stdout lines per turn (what the provider writes, read from its files)."""
+    timings = read_timings(jsonl_path)
+    return sum(t.stdout_lines for t in timings) / len(timings)
+
+
 def fixture_path(name: str) -> Path:
     return OUT_DIR / f"{name}.jsonl"
 

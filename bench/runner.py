@@ -33,7 +33,7 @@ from bench import figures, procfs
 from bench import restart as r
 from bench.actors import trio_deadline
 from bench.client import HttpClient, HttpError
-from bench.fixture import fixture_path, mean_turn_s
+from bench.fixture import fixture_path, mean_lines_per_turn, mean_turn_s
 from bench.load import BURST_TIMEOUT_S
 from bench.profiles import Profile, session_providers
 from bench.sampler import Sampler
@@ -84,6 +84,16 @@ class RunResult:
 def fixture_turn_s(profile: Profile, provider: str, sessions: int) -> float:
     """The fixtures' own mean turn, weighted by how many sessions replay each."""
     own = {"replay": mean_turn_s(fixture_path(profile.fixture)), "replay-codex": mean_turn_s(fixture_path(profile.codex_fixture))}
+    providers = session_providers(provider, sessions)
+    return sum(own[p] for p in providers) / len(providers)
+
+
+def fixture_lines_per_turn(profile: Profile, provider: str, sessions: int) -> float:
+    """The fixtures' mean stdout lines per turn, weighted like `fixture_turn_s`."""
+    own = {
+        "replay": mean_lines_per_turn(fixture_path(profile.fixture)),
+        "replay-codex": mean_lines_per_turn(fixture_path(profile.codex_fixture)),
+    }
     providers = session_providers(provider, sessions)
     return sum(own[p] for p in providers) / len(providers)
 
@@ -349,6 +359,7 @@ def _result(
         (gate[0], gate[1]) if gate[0] is not None and gate[1] is not None else None,
         len(sampler.daemon_children_seen) if sampler else None,
         orjson.loads(spec.scrapes_path.read_bytes()) if spec.scrapes_path.exists() else None,
+        fixture_lines_per_turn(spec.profile, spec.provider, spec.sessions),
     )  # fmt: skip
     fig, missing = (figures.burst_figures if spec.profile.burst else figures.steady_figures)(inputs)
     fig["harness_errors"] = errors
