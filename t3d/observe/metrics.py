@@ -38,6 +38,7 @@ import trio
 
 import t3d
 from t3d.errors import SpawnerError
+from t3d.gc_tuning import frozen_objects
 from t3d.observe import agents as agent_procs
 from t3d.observe import exposition as x
 from t3d.observe.histogram import Histogram, Histograms
@@ -353,7 +354,7 @@ class Observer:
         yield paused
         yield longest
         yield pending
-        yield x.gauge("t3d_gc_frozen_objects", "objects frozen at start-up (never scanned)", gc.get_freeze_count())
+        yield x.gauge("t3d_gc_frozen_objects", "objects frozen at start-up (never scanned)", frozen_objects())
 
     # --- the stall record -------------------------------------------------------------------
 
