@@ -11,11 +11,13 @@ import trio
 import trio.testing
 
 from t3d.domain import commands as c
+from t3d.domain.model import TurnItem
 from t3d.errors import DomainError, StoreError, WriterClosedError
-from t3d.store.commit import Committed
+from t3d.store.commit import Committed, Write, _apply
 from t3d.store.readers import ReaderPool
 from t3d.store.schema import MIGRATIONS, migrate
 from t3d.store.store import open_store
+from t3d.store.tables import EntityCache, SqlView
 
 
 def _lost(error: BaseException | None) -> None:
@@ -176,3 +178,56 @@ async def test_a_huge_thread_is_paged_by_bytes_and_every_turn_comes_once(tmp_pat
             before = page["before"]
             assert before == ordinals[0]
         assert seen == list(range(1, 21))
+
+
+def _streamed(text: str) -> TurnItem:
+    return TurnItem("u:m:0", "t", "u", 0, "assistant_message", "streaming", None, text, None, 1.0)
+
+
+async def test_the_writers_entity_cache_never_serves_a_row_that_changed(tmp_path: Path) -> None:
+    """The writer keeps entities it decoded or wrote (a streaming item, its turn), but reads
+    one from the cache only while the row's body is still the bytes it came from: a write
+    rolled back, or a row changed behind the cache's back, is read from the row; an
+    unchanged row is served without decoding (the same object)."""
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        await store.execute(c.CreateProject("p", "/p"))
+        await store.execute(c.CreateThread("t", "p", "replay"))
+        await store.execute(c.StartTurn("t", "u", "go"))
+        await store.record(c.MarkTurnRunning("u"))
+        await store.record(c.RecordItems("u", (_streamed("A"),)))
+        cache = store._cache  # type: ignore[attr-defined]
+
+        def rolled_back(conn: apsw.Connection) -> tuple[TurnItem | None, bool]:
+            conn.execute("BEGIN IMMEDIATE")
+            outcome = _apply(conn, Write(c.RecordItems("u", (_streamed("B"),)), None, 2.0), cache)
+            assert outcome.unwrap().events  # B was written, and kept in the cache
+            conn.execute("ROLLBACK")
+            view = SqlView(conn, cache)
+            first = view.item("u:m:0")
+            return first, view.item("u:m:0") is first
+
+        item, same = await store.maintain(rolled_back)
+        assert item is not None and item.text == "A" and same
+
+        def changed_behind(conn: apsw.Connection) -> TurnItem | None:
+            with conn:
+                conn.execute("UPDATE items SET body = json_set(body, '$.text', 'C') WHERE id = 'u:m:0'")
+            return SqlView(conn, cache).item("u:m:0")
+
+        changed = await store.maintain(changed_behind)
+        assert changed is not None and changed.text == "C"
+
+
+def test_the_entity_cache_is_bounded() -> None:
+    """At most MAX_ENTRIES entries and MAX_BYTES of bodies are kept (the oldest go first),
+    and a body over MAX_BODY is not kept at all."""
+    cache = EntityCache()
+    for n in range(EntityCache.MAX_ENTRIES + 10):
+        cache.put(TurnItem, f"i{n}", b"x%d" % n, n)
+    assert cache.get(TurnItem, "i0", b"x0") is None and cache.get(TurnItem, f"i{n}", b"x%d" % n) == n
+    big = b"y" * (EntityCache.MAX_BODY - 1)
+    for n in range(EntityCache.MAX_BYTES // len(big) + 2):
+        cache.put(TurnItem, f"b{n}", big, n)
+    assert cache._bytes <= EntityCache.MAX_BYTES  # type: ignore[attr-defined]
+    cache.put(TurnItem, "huge", b"z" * (EntityCache.MAX_BODY + 1), "huge")
+    assert cache.get(TurnItem, "huge", b"z" * (EntityCache.MAX_BODY + 1)) is None

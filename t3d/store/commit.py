@@ -32,7 +32,7 @@ from t3d.domain.events import Effect
 from t3d.domain.model import Entity, JsonDict
 from t3d.errors import DomainError
 from t3d.store.summary import json_copy, summarize_value
-from t3d.store.tables import SqlView, apply_event, enqueue_purge
+from t3d.store.tables import EntityCache, SqlView, apply_event, enqueue_purge
 
 # An item or request whose JSON is over this many bytes is stored once: whole in its
 # projection row (what snapshots and item.detail read), while its event keeps the summary
@@ -85,14 +85,21 @@ class Write:
 
 
 def execute(
-    conn: apsw.Connection, command: c.Command, command_id: str | None, now: float, fingerprint: bytes | None = None
+    conn: apsw.Connection,
+    command: c.Command,
+    command_id: str | None,
+    now: float,
+    fingerprint: bytes | None = None,
+    cache: EntityCache | None = None,
 ) -> Committed:
     """Decide and commit one command in its own transaction; raises what the command raised."""
-    [result] = execute_batch(conn, (Write(command, command_id, now, fingerprint),))
+    [result] = execute_batch(conn, (Write(command, command_id, now, fingerprint),), cache)
     return result.unwrap()
 
 
-def execute_batch(conn: apsw.Connection, writes: Sequence[Write]) -> list[outcome.Outcome[Committed]]:
+def execute_batch(
+    conn: apsw.Connection, writes: Sequence[Write], cache: EntityCache | None = None
+) -> list[outcome.Outcome[Committed]]:
     """Commit several commands in ONE transaction, each inside its own SAVEPOINT.
 
     A command that fails (a `DomainError`, or any other error of its own) rolls
@@ -100,11 +107,12 @@ def execute_batch(conn: apsw.Connection, writes: Sequence[Write]) -> list[outcom
     others commit. A failed COMMIT, an error that ended the transaction, or one of
     the database itself (full, locked, I/O: never a command's own, and a later
     command must not commit ahead of the one that met it) rolls everything back and
-    raises, and then every command of the batch has failed.
+    raises, and then every command of the batch has failed. ``cache`` (the writer's
+    `EntityCache`) spares decoding rows written or read before.
     """
     conn.execute("BEGIN IMMEDIATE")
     try:
-        results = [_apply(conn, write) for write in writes]
+        results = [_apply(conn, write, cache) for write in writes]
         conn.execute("COMMIT")
     except BaseException:
         if not conn.get_autocommit():
@@ -113,14 +121,14 @@ def execute_batch(conn: apsw.Connection, writes: Sequence[Write]) -> list[outcom
     return results
 
 
-def _apply(conn: apsw.Connection, write: Write) -> outcome.Outcome[Committed]:
+def _apply(conn: apsw.Connection, write: Write, cache: EntityCache | None) -> outcome.Outcome[Committed]:
     receipt = _receipt(conn, write.command_id) if write.command_id is not None else None
     if receipt is not None:
         return outcome.capture(_replayed, write, receipt)
     conn.execute("SAVEPOINT command")
     try:
-        decision = decide(SqlView(conn), write.command, write.now)
-        stored = tuple(_append(conn, event, write.now) for event in decision.events)
+        decision = decide(SqlView(conn, cache), write.command, write.now)
+        stored = tuple(_append(conn, event, write.now, cache) for event in decision.events)
         effects = tuple(_enqueue(conn, effect, write.now) for effect in decision.effects)
         result = {**decision.result, "sequence": stored[-1].sequence if stored else None}
         if write.command_id is not None:
@@ -180,10 +188,12 @@ def _write_receipt(conn: apsw.Connection, write: Write, *, ok: bool, body: JsonD
     )
 
 
-def _append(conn: apsw.Connection, event: Any, now: float) -> StoredEvent:
+def _append(conn: apsw.Connection, event: Any, now: float, cache: EntityCache | None = None) -> StoredEvent:
     value = to_json(event.entity)
     payload = orjson.dumps(value)
     apply_event(conn, event, payload)
+    if cache is not None and event.kind != "thread.deleted":  # the row's body is now these bytes
+        cache.put(type(event.entity), event.entity.id, payload, event.entity)
     if len(payload) > STORE_ONCE_BYTES and event.kind in STORE_ONCE_KINDS:
         # The whole entity is in its row; the event keeps its summary (no copy of the large
         # strings is made for it: they are cut from a copy of the containers only).

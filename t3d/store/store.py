@@ -14,6 +14,7 @@ write commits; `mark_effects_done` fails and its caller retries later.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -43,6 +44,7 @@ from t3d.store.commit import (
 from t3d.store.read_classes import ReadClass
 from t3d.store.readers import ReaderPool
 from t3d.store.schema import SYNCHRONOUS, WRITER_PRAGMAS, convert_small_database, migrate
+from t3d.store.tables import EntityCache
 from t3d.store.writer import RETRY_MIN_S, Pending, WriterThread
 
 log = logging.getLogger("t3d.store")
@@ -134,7 +136,14 @@ def _supersede_outbox(conn: apsw.Connection, now: float, live_threads: Sequence[
 
 class Store:
     def __init__(
-        self, path: Path, writer: WriterThread, readers: ReaderPool, clock: Callable[[], float], *, batching: bool = True
+        self,
+        path: Path,
+        writer: WriterThread,
+        readers: ReaderPool,
+        clock: Callable[[], float],
+        *,
+        batching: bool = True,
+        cache: EntityCache | None = None,
     ) -> None:
         self.path = path
         self._batching = batching
@@ -142,6 +151,8 @@ class Store:
         self._readers = readers
         self._clock = clock
         self._listeners: list[Callable[[Committed], None]] = []
+        # The writer thread's decoded entities (tables.EntityCache); touched on that thread only.
+        self._cache = cache if cache is not None else EntityCache()
 
     def on_commit(self, listener: Callable[[Committed], None]) -> None:
         self._listeners.append(listener)
@@ -163,7 +174,8 @@ class Store:
         """Decide and commit ``command``; raises `DomainError` if it is rejected. A retry of
         ``command_id`` replays the first outcome; with another ``fingerprint`` it is refused."""
         now = self._clock()
-        return await self._writer.run(lambda conn: execute(conn, command, command_id, now, fingerprint), self._publish)
+        cache = self._cache
+        return await self._writer.run(lambda conn: execute(conn, command, command_id, now, fingerprint, cache), self._publish)
 
     async def record(self, command: c.Command) -> Committed:
         """Commit one of the daemon's own writes (a provider session's update, a turn's
@@ -326,11 +338,12 @@ async def open_store(
     lock before it counts as unavailable. A database that cannot take writes at start
     raises its `DatabaseUnavailableError` (the daemon exits 1 naming the cause)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cache = EntityCache()
     writer = WriterThread(
         lambda: _connect_writer(os.fspath(path), synchronous, busy_timeout_ms),
         capacity=WRITER_QUEUE,
         on_lost=on_writer_lost,
-        execute_batch=execute_batch,
+        execute_batch=functools.partial(execute_batch, cache=cache),
         max_batch_jobs=BATCH_JOBS if batching else 1,
         max_batch_bytes=BATCH_BYTES,
         db_path=os.fspath(path),
@@ -338,7 +351,7 @@ async def open_store(
     )
     await writer.start()
     pool = ReaderPool(os.fspath(path), readers)
-    store = Store(path, writer, pool, clock, batching=batching)
+    store = Store(path, writer, pool, clock, batching=batching, cache=cache)
     try:
         if recover:
             await store.recover_after_restart()

@@ -3,10 +3,17 @@
 `SqlView` implements the domain's `StateView` with point queries on indexed
 columns; `apply_event` projects one committed event ("replace the row", or
 remove a deleted thread's rows). Both run only on the writer thread.
+
+`EntityCache` spares the writer decoding the rows it has just written or read
+(a streaming item is read back by its next update, a turn by every update of
+its items): an entity is kept with the exact row body it came from, and a read
+uses it only when the row's body, read as always, is still those bytes, so a
+rollback, a retention step or any other write is never missed.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,15 +52,67 @@ decode_session = _decode(ProviderSession)
 decode_checkpoint = _decode(Checkpoint)
 
 
+class EntityCache:
+    """Decoded entities by (type, id), each with the row body it came from. Bounded:
+    `MAX_ENTRIES` entries and `MAX_BYTES` of bodies (the oldest go first); a body over
+    `MAX_BODY` is not kept. Used by the writer thread only."""
+
+    MAX_ENTRIES = 4096
+    MAX_BYTES = 16 * 1024 * 1024
+    MAX_BODY = 256 * 1024
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple[type, str], tuple[bytes, object]] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, kind: type, key: str, body: bytes) -> Any:
+        """The entity decoded from exactly ``body``, if kept; else None."""
+        entry = self._entries.get((kind, key))
+        if entry is not None and entry[0] == body:
+            self.hits += 1
+            return entry[1]
+        self.misses += 1
+        return None
+
+    def put(self, kind: type, key: str, body: bytes, entity: object) -> None:
+        old = self._entries.pop((kind, key), None)
+        if old is not None:
+            self._bytes -= len(old[0])
+        if len(body) > self.MAX_BODY:
+            return
+        self._entries[(kind, key)] = (body, entity)
+        self._bytes += len(body)
+        while len(self._entries) > self.MAX_ENTRIES or self._bytes > self.MAX_BYTES:
+            _, (dropped, _) = self._entries.popitem(last=False)
+            self._bytes -= len(dropped)
+
+
 class SqlView:
     """`StateView` over the writer connection (sees the open transaction)."""
 
-    def __init__(self, conn: apsw.Connection) -> None:
+    def __init__(self, conn: apsw.Connection, cache: EntityCache | None = None) -> None:
         self._conn = conn
+        self._cache = cache
 
     def _one(self, sql: str, args: tuple[Any, ...], decode: Callable[[bytes], E]) -> E | None:
         for (body,) in self._conn.execute(sql, args):
             return decode(body)
+        return None
+
+    def _by_id(self, table: str, key: str, kind: type[E]) -> E | None:
+        """The entity of ``table``'s row ``key`` (decoded, or from the cache if its body is
+        unchanged)."""
+        for (body,) in self._conn.execute(f"SELECT body FROM {table} WHERE id = ?", (key,)):
+            cache = self._cache
+            if cache is None:
+                return converter.structure(orjson.loads(body), kind)
+            entity: E | None = cache.get(kind, key, body)
+            if entity is None:
+                entity = converter.structure(orjson.loads(body), kind)
+                cache.put(kind, key, body, entity)
+            return entity
         return None
 
     def _all(self, sql: str, args: tuple[Any, ...], decode: Callable[[bytes], E]) -> list[E]:
@@ -65,16 +124,16 @@ class SqlView:
         return 0
 
     def project(self, project_id: str) -> Project | None:
-        return self._one("SELECT body FROM projects WHERE id = ?", (project_id,), decode_project)
+        return self._by_id("projects", project_id, Project)
 
     def project_by_path(self, path: str) -> Project | None:
         return self._one("SELECT body FROM projects WHERE path = ?", (path,), decode_project)
 
     def thread(self, thread_id: str) -> Thread | None:
-        return self._one("SELECT body FROM threads WHERE id = ?", (thread_id,), decode_thread)
+        return self._by_id("threads", thread_id, Thread)
 
     def turn(self, turn_id: str) -> Turn | None:
-        return self._one("SELECT body FROM turns WHERE id = ?", (turn_id,), decode_turn)
+        return self._by_id("turns", turn_id, Turn)
 
     def turn_count(self, thread_id: str) -> int:
         return self._count("SELECT turns FROM thread_counts WHERE thread_id = ?", (thread_id,))
@@ -87,13 +146,13 @@ class SqlView:
         )
 
     def item(self, item_id: str) -> TurnItem | None:
-        return self._one("SELECT body FROM items WHERE id = ?", (item_id,), decode_item)
+        return self._by_id("items", item_id, TurnItem)
 
     def item_count(self, turn_id: str) -> int:
         return self._count("SELECT items FROM turn_counts WHERE turn_id = ?", (turn_id,))
 
     def request(self, request_id: str) -> RuntimeRequest | None:
-        return self._one("SELECT body FROM requests WHERE id = ?", (request_id,), decode_request)
+        return self._by_id("requests", request_id, RuntimeRequest)
 
     def pending_requests(self, turn_id: str) -> list[RuntimeRequest]:
         return self._all(
@@ -119,7 +178,7 @@ class SqlView:
         return self._all("SELECT body FROM turns WHERE thread_id = ? ORDER BY ordinal", (thread_id,), decode_turn)
 
     def checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
-        return self._one("SELECT body FROM checkpoints WHERE id = ?", (checkpoint_id,), decode_checkpoint)
+        return self._by_id("checkpoints", checkpoint_id, Checkpoint)
 
     def turns_from(self, thread_id: str, ordinal: int) -> list[Turn]:
         return self._all(

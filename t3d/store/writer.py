@@ -55,6 +55,7 @@ import apsw
 import outcome
 import trio
 
+from t3d import waits
 from t3d.errors import DatabaseUnavailableError, StoreError, WriterClosedError
 from t3d.store import availability
 from t3d.store.jobs import BatchableJob, ExecuteBatch, Job, Pending
@@ -180,7 +181,7 @@ class WriterThread:
     async def _send(self, job: Job[Any]) -> None:
         self._check_open()
         batchable = isinstance(job, BatchableJob)
-        await (self._batch_slots if batchable else self._slots).acquire()
+        await waits.acquire(self._batch_slots if batchable else self._slots)  # no trip when free
         try:
             if isinstance(job, BatchableJob):
                 while self._inflight_bytes and self._inflight_bytes + job.size > self._max_inflight_bytes:
