@@ -228,7 +228,7 @@ class Sessions:
         rejected = LogLimiter(log, f"thread {spec.thread_id}", level=logging.INFO)
         try:
             pipeline = WritePipeline(self._store.send, self._store.record, functools.partial(_not_recorded, rejected))
-            session = live.session = registry.open_session(spec, pipeline.write, self._spawner, self._clock, self._settings)
+            session = live.session = registry.open_session(spec, pipeline.write, self._spawner, self._clock, self._settings, pipeline)
             if isinstance(session, registry.Reattachable):
                 session.detach_on_cancel = lambda: not self._stop_at_exit()
                 await session.run(inbox, reattach)

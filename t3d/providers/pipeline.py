@@ -16,6 +16,8 @@ Rules:
 - Barriers: any other command (a turn's end, a request opened) first waits
   for every update before it, then commits and is awaited, so what a client
   learns from it (a turn is done, a prompt is open) follows the updates.
+- `settled` waits for the updates handed over so far (commit order is hand-over
+  order, so the last one's outcome is everyone's), without collecting them.
 - Errors: an update the domain rejects (its thread was deleted meanwhile) is
   reported to ``on_rejected``, as the session did before; any other error is
   raised from the next `write` or `drain`, so it reaches the session's
@@ -46,6 +48,11 @@ DEPTH = 128
 
 class Outcome(Protocol):
     async def outcome(self) -> Any: ...
+
+    async def settled(self) -> None: ...
+
+    @property
+    def done(self) -> bool: ...
 
 
 class WritePipeline:
@@ -80,6 +87,17 @@ class WritePipeline:
             self._on_rejected(command, exc)
             return False
         return True
+
+    def settled_now(self) -> bool:
+        """True once every update handed over so far has committed or failed."""
+        return not self._in_flight or self._in_flight[-1][1].done
+
+    async def settled(self) -> None:
+        """Wait until every update handed over so far has committed or failed (leaving
+        their outcomes to `write` and `drain`); later ones are not waited for. The
+        coalescer waits here before it hands over more (it widens while the writer lags)."""
+        if self._in_flight:
+            await self._in_flight[-1][1].settled()
 
     async def drain(self) -> None:
         """Wait until every update handed over has committed."""

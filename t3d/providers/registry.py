@@ -36,6 +36,7 @@ from t3d.config import Settings
 from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.providers.claude.session import ClaudeSession, SessionSpec
+from t3d.providers.coalesce import Settling
 from t3d.providers.reattach import Reattach
 from t3d.spawn.child import Child, Spawner
 
@@ -125,13 +126,15 @@ def open_session(
     spawner: Spawner,
     clock: Callable[[], float],
     settings: Settings,
+    writes: Settling | None = None,
 ) -> AgentSession:
-    """The session driver for ``spec.provider``."""
+    """The session driver for ``spec.provider``; ``writes`` (the session's `WritePipeline`)
+    says when what was handed over has committed (streaming coalesces meanwhile)."""
     if spec.provider in ("claude", "replay"):
-        return ClaudeSession(spec, write, spawner, clock)
+        return ClaudeSession(spec, write, spawner, clock, writes=writes)
     if spec.provider in ("codex", "replay-codex"):
         # Imported on the first Codex thread's session: a daemon that runs none never loads it.
         from t3d.providers.codex.session import CodexSession
 
-        return CodexSession(spec, write, spawner, clock, retry_timeout=settings.codex_retry_timeout)
+        return CodexSession(spec, write, spawner, clock, retry_timeout=settings.codex_retry_timeout, writes=writes)
     raise ValueError(f"provider {spec.provider!r} has no session driver")

@@ -49,6 +49,11 @@ class Pending(Generic[T]):
     def __init__(self, job: Job[T]) -> None:
         self._job = job
 
+    @property
+    def done(self) -> bool:
+        """Has the job's outcome been delivered?"""
+        return self._job.done.is_set()
+
     async def settled(self) -> None:
         """Wait until the job is done, leaving its outcome to `outcome`."""
         await self._job.done.wait()

@@ -74,7 +74,7 @@ from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import parse_line
 from t3d.providers.claude.resume import ResumeAfterRestart
 from t3d.providers.claude.tasks import TASK_EVENTS
-from t3d.providers.coalesce import ItemCoalescer
+from t3d.providers.coalesce import ItemCoalescer, Settling
 from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
 from t3d.providers.prompts import open_request
@@ -125,6 +125,8 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
         write: Callable[[c.Command], Awaitable[object]],
         spawner: Spawner,
         clock: Callable[[], float],
+        *,
+        writes: Settling | None = None,
     ) -> None:
         self.spec = spec
         self._clock = clock
@@ -141,7 +143,7 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
         self._requests: dict[str, tuple[str, dict[str, Any]]] = {}
         self._resume = spec.resume
         self._native_seen: str | None = None
-        self._items = ItemCoalescer(self._record_items)
+        self._items = ItemCoalescer(self._record_items, writes)
         self._control_ids = 0
         self._idle_since = math.inf
         self._warnings = LogLimiter(log, f"thread {spec.thread_id}")

@@ -52,7 +52,7 @@ from t3d.domain import commands as c
 from t3d.domain import events as ev
 from t3d.domain.model import TurnItem
 from t3d.providers.claude.session import SessionSpec
-from t3d.providers.coalesce import ItemCoalescer
+from t3d.providers.coalesce import ItemCoalescer, Settling
 from t3d.providers.codex import events as ce
 from t3d.providers.codex.adapter import TurnMapper
 from t3d.providers.codex.peer import CodexPeer
@@ -79,6 +79,7 @@ class CodexSession(ResumeAfterRestart):
         clock: Callable[[], float],
         *,
         retry_timeout: float = 60.0,
+        writes: Settling | None = None,
     ) -> None:
         self.spec = spec
         # Every write of this session, in order (a `WritePipeline`).
@@ -99,7 +100,7 @@ class CodexSession(ResumeAfterRestart):
         self._done_turns: deque[str] = deque(maxlen=DONE_TURNS)
         # Turns this session has started or taken over (a stale start effect is dropped).
         self._known_turns: deque[str] = deque(maxlen=KNOWN_TURNS)
-        self._items = ItemCoalescer(self._record_items)
+        self._items = ItemCoalescer(self._record_items, writes)
         # Item states a replay holds back until it is through (latest per item, in order).
         self._held: dict[str, TurnItem] = {}
         self._idle_since = math.inf
