@@ -53,7 +53,7 @@ from t3d.providers.claude.events import (
     Unknown,
     UserMessage,
 )
-from t3d.providers.claude.protocol import final_error_text, parse_line
+from t3d.providers.claude.protocol import final_error_text, parse_line, streamed_text
 from t3d.providers.lines import LineBuffer, LineTooLong
 
 # -- recordings ----------------------------------------------------------------
@@ -681,6 +681,39 @@ def test_any_chunking_gives_the_same_lines(data: bytes, cuts: list[int], max_lin
     assert whole == _oracle(data, max_line)
 
 
+def _drain_as_output_does(buffer: LineBuffer, chunks: list[bytes]) -> list[bytes | tuple[str, int]]:
+    """What `ProviderOutput` takes: each complete line with `complete`, the rest fed."""
+    items: list[bytes | LineTooLong] = []
+    for chunk in chunks:
+        begin = 0
+        while (newline := chunk.find(b"\n", begin)) != -1:
+            line = buffer.complete(chunk, begin, newline)
+            if line is not None:
+                items.append(line)
+            begin = newline + 1
+        if begin < len(chunk):
+            items += buffer.feed(chunk[begin:])
+    tail = buffer.eof()
+    if tail is not None:
+        items.append(tail)
+    return _normalise(items)
+
+
+@given(
+    data=st.lists(
+        st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"{}", b"\xff"]), max_size=60
+    ).map(b"".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=10),
+    max_line=st.integers(min_value=1, max_value=12),
+)
+def test_complete_gives_the_lines_feed_gives(data: bytes, cuts: list[int], max_line: int) -> None:
+    """`LineBuffer.complete` (a line cut straight out of the chunk) gives, for any chunking,
+    the same lines, over-long lines and their lengths as `feed`."""
+    bounds = sorted({0, len(data), *(c for c in cuts if c < len(data))})
+    chunks = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    assert _drain_as_output_does(LineBuffer(max_line), chunks) == _oracle(data, max_line)
+
+
 def test_a_200_kb_line_in_small_chunks() -> None:
     line = orjson.dumps({"type": "system", "subtype": "hook_response", "stdout": "y" * 200_000})
     data = line + b"\r\n" + b'{"type":"keep_alive"}\n'
@@ -835,3 +868,62 @@ def test_build_argv_refuses_contradictions() -> None:
         build_argv("claude", resume="a", session_id="b")
     with pytest.raises(TypeError, match="sequence"):
         build_argv("claude", extra="--verbose")
+
+
+def _as_delta(event: ClaudeEvent) -> tuple[int, str, bool] | None:
+    """What the hot path takes: the main agent's text and thinking deltas (a subagent's
+    line, with a parent tool call, goes the slow way)."""
+    if getattr(event, "parent_tool_use_id", None):
+        return None
+    if isinstance(event, TextDelta):
+        return (event.index, event.text, False)
+    if isinstance(event, ThinkingDelta):
+        return (event.index, event.text, True)
+    return None
+
+
+def test_the_hot_path_reads_every_recorded_delta_as_parse_line_does() -> None:
+    """`streamed_text` (the session's shortcut for the main agent's text and thinking
+    deltas) gives what `parse_line`'s TextDelta / ThinkingDelta hold for every recorded
+    line, and None for every line that is not one, a subagent's delta included."""
+    deltas = 0
+    for name, line in _recorded_stdout_lines():
+        expected = _as_delta(parse_line(line))
+        assert streamed_text(orjson.loads(line)) == expected, (name, line[:200])
+        deltas += expected is not None
+    assert deltas > 50
+
+
+def test_the_hot_path_leaves_a_subagents_delta_to_the_slow_path() -> None:
+    """A delta with a parent tool call is a subagent's (a background one's is its task's
+    output, not the turn's text): `streamed_text` gives None for it, as for any non-delta,
+    while the same delta without a parent (or with an empty one) is the main agent's."""
+    line = {
+        "type": "stream_event",
+        "event": {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+        "parent_tool_use_id": "toolu_01",
+    }
+    assert streamed_text(line) is None
+    assert getattr(parse_line(orjson.dumps(line)), "parent_tool_use_id", None) == "toolu_01"
+    assert streamed_text({**line, "parent_tool_use_id": None}) == (0, "hi", False)
+    assert streamed_text({**line, "parent_tool_use_id": ""}) == (0, "hi", False)
+
+
+@given(st.data())
+def test_the_hot_path_agrees_with_parse_line_on_damaged_lines(data: st.DataObject) -> None:
+    """Recorded lines with fields deleted or replaced: `streamed_text` and `parse_line`
+    still agree (a shortcut that read a damaged delta differently would show here)."""
+    obj = orjson.loads(data.draw(st.sampled_from([line for line in _ONE_OF_EACH_LINE if b"_delta" in line])))
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        paths = _paths(obj)
+        if not paths:
+            break
+        *parents, key = data.draw(st.sampled_from(paths))
+        container = obj
+        for step in parents:
+            container = container[step]
+        if data.draw(st.booleans()):
+            container[key] = data.draw(_json)
+        else:
+            del container[key]
+    assert streamed_text(obj) == _as_delta(parse_line(orjson.dumps(obj)))

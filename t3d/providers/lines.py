@@ -86,6 +86,19 @@ class LineBuffer:
         self._append(view[start:])
         return lines
 
+    def complete(self, data: bytes, begin: int, end: int) -> bytes | LineTooLong | None:
+        """The line that ``data[begin:end]`` completes (a newline is at ``end``), as `feed`
+        of ``data[begin:end + 1]`` would return it: without its ``\r``, None when empty.
+        With nothing held from an earlier chunk, the line is one slice of ``data``."""
+        if self._dropped is not None or self._partial:
+            self._append(memoryview(data)[begin:end])
+            return self._take()
+        if end - begin > self._max_line:
+            return LineTooLong(end - begin, self._max_line, data[begin : begin + _PREVIEW_CHARS])
+        if end > begin and data[end - 1] == 13:  # b"\r"
+            end -= 1
+        return data[begin:end] if end > begin else None
+
     def eof(self) -> bytes | LineTooLong | None:
         """The final line if the stream ended without a newline, else ``None``; resets the buffer."""
         return self._take()

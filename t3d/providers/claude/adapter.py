@@ -133,13 +133,25 @@ class TurnMapper:
     def _stream_text(self, index: int, text: str, kind: ItemKind) -> list[Change]:
         key = self._block_keys.get(index) or self._text_key(index)
         self._block_keys[index] = key
-        current = self._items.get(f"{self.turn_id}:{key}")
-        so_far = current.text if current is not None and current.text else ""
-        item = self._item(key, kind, status="streaming", text=so_far + text)
-        return [ItemChanged(item, final=False)]
+        item_id = f"{self.turn_id}:{key}"
+        current = self._items.get(item_id)
+        if current is None:
+            item = self._item(key, kind, status="streaming", text=text)
+        else:  # the hot path (a delta of a streaming block): built directly, not evolved
+            c = current
+            item = TurnItem(c.id, c.thread_id, c.turn_id, c.ordinal, c.kind, "streaming", c.title, (c.text or "") + text, c.data, self._clock())
+            self._items[item_id] = item
+        return [ItemChanged(item, False)]
 
     def _on_TextDelta(self, e: ce.TextDelta) -> list[Change]:
         return self._stream_text(e.index, e.text, "assistant_message")
+
+    def stream_delta(self, index: int, text: str, thinking: bool) -> TurnItem:
+        """A `TextDelta` (or, ``thinking``, a `ThinkingDelta`) fed without building the event:
+        the streaming item's new state (the same as `feed` gives)."""
+        [change] = self._stream_text(index, text, "reasoning" if thinking else "assistant_message")
+        assert isinstance(change, ItemChanged)
+        return change.item
 
     def _on_ThinkingDelta(self, e: ce.ThinkingDelta) -> list[Change]:
         return self._stream_text(e.index, e.text, "reasoning")

@@ -155,12 +155,48 @@ def parse_line(line: bytes) -> ClaudeEvent:
     Raises `ProtocolError` if the line is not a JSON object; never for an
     object, whatever its fields.
     """
+    return parse_value(decode_line(line), line)
+
+
+def decode_line(line: bytes) -> object:
+    """The line's JSON value; raises `ProtocolError` if it is not JSON."""
     try:
-        obj = orjson.loads(line)
+        return orjson.loads(line)
     except orjson.JSONDecodeError as exc:
         raise ProtocolError(
             f"Claude Code wrote a stdout line that is not valid JSON ({exc}): {preview_line(line)}"
         ) from exc
+
+
+def streamed_text(obj: object) -> tuple[int, str, bool] | None:
+    """For the main agent's text or thinking delta (most of a turn's lines): (block index,
+    text, thinking?), what `parse_line` would put in its `TextDelta` or `ThinkingDelta`;
+    None for any other value, a subagent's delta included (one with a
+    ``parent_tool_use_id``: the session routes those itself). The session's hot path: no
+    event object is built."""
+    if type(obj) is not dict or obj.get("type") != "stream_event":
+        return None
+    parent = obj.get("parent_tool_use_id")
+    if type(parent) is str and parent:
+        return None
+    event = obj.get("event")
+    if type(event) is not dict or event.get("type") != "content_block_delta":
+        return None
+    index, delta = event.get("index"), event.get("delta")
+    if type(index) is not int or type(delta) is not dict:
+        return None
+    kind = delta.get("type")
+    if kind == "text_delta":
+        text, thinking = delta.get("text"), False
+    elif kind == "thinking_delta":
+        text, thinking = delta.get("thinking"), True
+    else:
+        return None
+    return (index, text, thinking) if type(text) is str else None
+
+
+def parse_value(obj: object, line: bytes) -> ClaudeEvent:
+    """`parse_line` for a line already decoded (``obj``; ``line`` names it in an error)."""
     if not isinstance(obj, dict):
         raise ProtocolError(
             f"Claude Code wrote a JSON {type(obj).__name__} where an object was expected: "

@@ -71,7 +71,7 @@ from t3d.providers.claude.encode import (
     encode_user_message,
 )
 from t3d.providers.claude.process import ClaudeProcess
-from t3d.providers.claude.protocol import parse_line
+from t3d.providers.claude.protocol import decode_line, parse_value, streamed_text
 from t3d.providers.claude.resume import ResumeAfterRestart
 from t3d.providers.claude.tasks import TASK_EVENTS
 from t3d.providers.coalesce import ItemCoalescer, Settling
@@ -433,7 +433,23 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
                 await stop_child(proc.process, grace=2.0)
             return
         try:
-            event = parse_line(line)
+            value = decode_line(line)
+            turn = self._turn
+            # The hot path (most lines are the main agent's text deltas): no event object,
+            # straight to the item. Whatever the slow path below would do otherwise with a
+            # delta (results to skip, a discarded turn, held replay items, a subagent's
+            # line: `streamed_text` is None for those) takes the slow path.
+            if (
+                turn is not None
+                and not turn.discard
+                and not self._held
+                and not proc.skip_results
+                and not proc.output.replaying
+                and (delta := streamed_text(value)) is not None
+            ):
+                await self._items.stream(turn.turn_id, turn.stream_delta(*delta))
+                return
+            event = parse_value(value, line)
         except ProtocolError as exc:
             self._warnings.warning(f"ignored a provider line: {exc}")
             return
