@@ -31,6 +31,7 @@ from wsproto.events import (
     Request,
 )
 
+from t3d.api.prefixed_stream import PrefixedStream
 from t3d.api.transport import (
     HeadCheck,
     HttpRequest,
@@ -85,13 +86,20 @@ class FakeApp:
             )
         return error_response(404, "not_found", f"no route for {request.path}; check the URL")
 
+    def answer_now(self, request: HttpRequest) -> HttpResponse | None:
+        if request.path == "/now":
+            return HttpResponse(200, b'{"now":true}')
+        if request.path == "/now/boom":
+            raise RuntimeError("kaboom at once")
+        return None
+
     def check_websocket(self, request: HttpRequest) -> HttpResponse | None:
         if request.path == "/ws/forbidden":
             return error_response(403, "forbidden", "foreign origin; connect from the app")
         return None
 
     async def handle_websocket(
-        self, ws: trio_websocket.WebSocketConnection, request: HttpRequest
+        self, ws: trio_websocket.WebSocketConnection, request: HttpRequest, stream: PrefixedStream
     ) -> None:
         try:
             if request.path == "/ws/idle":
@@ -640,6 +648,27 @@ async def test_app_exception_is_a_logged_500_and_the_connection_goes_on(
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert record.name == "t3d.api"
     assert record.exc_info is not None and "kaboom" in str(record.exc_info[1])
+
+
+async def test_an_answer_the_app_has_at_once_is_served_on_a_kept_alive_connection(
+    start_server: StartServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`App.answer_now` answers without `handle_http` (health takes this path); one that
+    raises is a logged 500 like any other, and the connection serves the next request."""
+    with trio.fail_after(5):
+        server = await start_server()
+        async with await server.connect() as stream:
+            client = h11.Connection(h11.CLIENT)
+            now = await send_request(stream, client, "GET", "/now")
+            client.start_next_cycle()
+            crashed = await send_request(stream, client, "GET", "/now/boom")
+            client.start_next_cycle()
+            fine = await send_request(stream, client, "GET", "/echo")
+    assert now.status == 200 and now.json() == {"now": True}
+    assert crashed.status == 500 and b"kaboom" not in crashed.body
+    assert fine.status == 200
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.exc_info is not None and "kaboom at once" in str(record.exc_info[1])
 
 
 async def test_client_resetting_the_connection_cancels_its_request_handler(

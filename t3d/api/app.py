@@ -48,8 +48,10 @@ from t3d.api.auth import bearer_ok, host_allowed, origin_allowed
 from t3d.api.feeds import Feeds
 from t3d.api.http1 import is_websocket_upgrade
 from t3d.api.methods import Methods, thread_not_found
+from t3d.api.prefixed_stream import PrefixedStream
 from t3d.api.transport import HeadCheck, HttpRequest, HttpResponse
 from t3d.api.web_page import WebPage
+from t3d.api.ws_frames import MessageWriter
 from t3d.errors import DatabaseUnavailableError, SpawnerError, T3dError
 from t3d.live.budget import CONNECTION_BYTES
 from t3d.live.hub import Hub
@@ -257,6 +259,14 @@ class ApiApp:
             return HeadCheck(trusted=trusted, refusal=attrs.evolve(refusal, headers=(("allow", allow),)))
         return HeadCheck(trusted=trusted, refusal=route.unknown_query(request))
 
+    def answer_now(self, request: HttpRequest) -> HttpResponse | None:
+        """``GET /api/health`` (and its HEAD) is answered from memory, at once (no task to
+        watch the peer); every other request is `handle_http`'s."""
+        if request.path != "/api/health" or _route_method(request) != "GET":
+            return None
+        check = self.check_head(request)  # the transport asked already; cheap to repeat
+        return check.refusal or self._health_response(check.trusted)
+
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
         refusal = self.check_head(request).refusal  # the transport asked already; cheap to repeat
         if refusal is not None:
@@ -291,10 +301,13 @@ class ApiApp:
         return None
 
     async def _get_health(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
+        return self._health_response(self._trusted(r))
+
+    def _health_response(self, trusted: bool) -> HttpResponse:
         """The whole report with the token; without it only its public part."""
         report = self._health()
         status = 503 if report["status"] == "failing" else 200
-        if not self._trusted(r):
+        if not trusted:
             report = {key: report[key] for key in PUBLIC_HEALTH if key in report}
         return _json(status, report)
 
@@ -427,8 +440,8 @@ class ApiApp:
             return _unauthorized()
         return None
 
-    async def handle_websocket(self, ws: trio_websocket.WebSocketConnection, request: HttpRequest) -> None:
-        connection = WsConnection(self, ws)
+    async def handle_websocket(self, ws: trio_websocket.WebSocketConnection, request: HttpRequest, stream: PrefixedStream) -> None:
+        connection = WsConnection(self, ws, MessageWriter(ws, stream))
         self.connections.add(connection)
         try:
             with self.web.held(request):  # a browser's connection ends with its session
@@ -509,10 +522,11 @@ def _body_object(body: bytes) -> dict[str, Any]:
 
 
 class WsConnection:
-    def __init__(self, app: ApiApp, ws: trio_websocket.WebSocketConnection) -> None:
+    def __init__(self, app: ApiApp, ws: trio_websocket.WebSocketConnection, writer: MessageWriter) -> None:
         self.app = app
         self.ws = ws
-        self.feeds = Feeds(app.hub, app.bases, self.send, budget=app.connection_budget)
+        self._writer = writer
+        self.feeds = Feeds(app.hub, app.bases, self.send, budget=app.connection_budget, send_many=writer.send, direct=writer)
         self._in_flight = trio.Semaphore(MAX_IN_FLIGHT)
         self._nursery: trio.Nursery | None = None
         # subscribe.server subscriptions: id -> the scope of its delivery task (if it has one).
@@ -520,7 +534,7 @@ class WsConnection:
         self._next_server_sub = 0
 
     async def send(self, frame: bytes) -> None:
-        await self.ws.send_message(frame.decode())
+        await self._writer.send((frame,))
 
     async def run(self) -> None:
         try:

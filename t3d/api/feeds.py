@@ -5,10 +5,13 @@ Rules:
   since ``after_sequence``), reply, send the base, and only then go live at
   the base's sequence. Nothing falls between base and live; frames the base
   already holds are skipped, so nothing is sent twice.
-- One sender task delivers the live frames of every subscription of the
-  connection, popping one frame at a time from each bounded buffer, a batch
-  per subscription per pass so a busy one cannot starve the rest. The hub
-  never waits for it; a buffer that overflows meanwhile is dropped.
+- Live frames go to the socket straight from the hub's publish when nothing
+  else is being written on the connection (``direct``: no task switch); what
+  the socket does not take, and every frame that finds the connection busy, is
+  the sender task's. Its passes take up to `SEND_BATCH` frames from each
+  bounded buffer (so a busy one cannot starve the rest) and write them all with
+  one send (``send_many``). The hub never waits; a buffer that overflows
+  meanwhile is dropped.
 - An overflowed subscription gets ``resync``, a fresh snapshot, then live
   frames again. Its resync task starts the moment the hub marks it (not when
   the sender gets round to it), so every subscription that overflows in a
@@ -37,11 +40,12 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Literal, Protocol
 
 import orjson
 import trio
+import trio_websocket
 
 from t3d.api import jsonrpc as rpc
 from t3d.live.base import Base, Snapshot
@@ -58,6 +62,18 @@ SEND_BATCH = 64
 MAX_ID_BYTES = 1024
 
 Send = Callable[[bytes], Awaitable[None]]
+SendMany = Callable[[list[bytes]], Awaitable[None]]
+
+
+class DirectWriter(Protocol):
+    """Writes from synchronous code (the connection's `MessageWriter`)."""
+
+    @property
+    def ready_now(self) -> bool: ...
+
+    def send_now(self, payloads: Sequence[bytes]) -> int: ...
+
+    async def flush(self) -> None: ...
 
 
 def _nothing() -> None:
@@ -65,10 +81,24 @@ def _nothing() -> None:
 
 
 class Feeds:
-    def __init__(self, hub: Hub, reader: BaseReader, send: Send, *, budget: int = CONNECTION_BYTES) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        reader: BaseReader,
+        send: Send,
+        *,
+        budget: int = CONNECTION_BYTES,
+        send_many: SendMany | None = None,
+        direct: DirectWriter | None = None,
+    ) -> None:
         self._hub = hub
         self._reader = reader
         self._send = send
+        # Several messages in one write (the connection's `MessageWriter`); by default one by one.
+        self._send_many = send_many if send_many is not None else self._send_each
+        # Writes from synchronous code when the socket is free (`_deliver_now`), if given.
+        self._direct = direct
+        self._backlog_held = 0  # bytes of a direct write still to send, held in the budget
         self.budget = Budget(budget)
         # Held while a base or a snapshot reply is read and sent: one at a time.
         self._one_base = trio.Lock()
@@ -85,8 +115,34 @@ class Feeds:
         if sub.needs_resync and sub.live and self._nursery is not None:
             sub.live = False  # the resync task owns it until it is live again
             self._nursery.start_soon(self._resync, sub)
-        else:
+        elif not self._deliver_now(sub):
             self._wake.set()
+
+    def _deliver_now(self, sub: Subscription) -> bool:
+        """Write ``sub``'s ready frames to the socket right here, when nothing else is being
+        written on the connection (no task switch, no second buffer); False to leave them
+        to the sender task."""
+        direct = self._direct
+        if direct is None or not sub.live or sub.needs_resync or not sub.frames or not direct.ready_now:
+            return False
+        frames = []
+        for _ in range(SEND_BATCH):
+            frame = sub.pop()
+            if frame is None:
+                break
+            frames.append(rpc.notification_frame(sub.sub_id, "event", frame[0], frame[1]))
+        if not frames:
+            return not sub.workspace
+        try:
+            left = direct.send_now(frames)
+        except trio_websocket.ConnectionClosed:
+            return False  # the peer is gone: the sender task finds out and ends
+        if left:  # the socket took part: the sender task sends the rest, counted meanwhile
+            self._backlog_held += left
+            self.budget.hold(left)
+            return False
+        # More than one batch, or workspace values (they go after the frames): the sender's.
+        return not sub.frames and not sub.workspace
 
     # --- subscribe / unsubscribe ---------------------------------------------------------
 
@@ -256,8 +312,22 @@ class Feeds:
         finally:
             self._nursery = None
 
+    async def _send_each(self, frames: list[bytes]) -> None:
+        for frame in frames:
+            await self._send(frame)
+
     async def _deliver_pass(self, nursery: trio.Nursery) -> bool:
-        sent = False
+        """Write what every live subscription has ready (up to `SEND_BATCH` frames each),
+        in one send, after what a direct write left; False if there was nothing."""
+        if self._backlog_held and self._direct is not None:
+            held, self._backlog_held = self._backlog_held, 0
+            try:
+                await self._direct.flush()
+            finally:
+                self.budget.release(held)
+        frames: list[bytes] = []
+        size = 0
+        workspaced: list[Subscription] = []  # subscriptions with workspace values to send
         for sub in list(self.subs.values()):
             if not sub.live:
                 continue
@@ -269,14 +339,20 @@ class Feeds:
                 frame = sub.pop()
                 if frame is None:
                     break
-                self.budget.hold(len(frame[1]))
-                try:
-                    await self._send(rpc.notification_frame(sub.sub_id, "event", frame[0], frame[1]))
-                finally:
-                    self.budget.release(len(frame[1]))
-                sent = True
+                size += len(frame[1])
+                frames.append(rpc.notification_frame(sub.sub_id, "event", frame[0], frame[1]))
             if sub.workspace and (sub.topic == "thread" or not sub.frames):
-                sent = await self._send_workspaces(sub) or sent
+                workspaced.append(sub)  # after its frames, which the values must not pass
+        sent = False
+        if frames:
+            self.budget.hold(size)  # out of the buffers, not yet taken by the socket
+            try:
+                await self._send_many(frames)
+            finally:
+                self.budget.release(size)
+            sent = True
+        for sub in workspaced:
+            sent = await self._send_workspaces(sub) or sent
         return sent
 
     async def _send_workspaces(self, sub: Subscription) -> bool:

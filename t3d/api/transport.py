@@ -59,13 +59,15 @@ from t3d.api.http1 import (
     request_timeout,
     unsupported_version,
 )
-from t3d.api.prefixed_stream import PrefixedStream
+from t3d.api.prefixed_stream import PrefixedStream, write_now
 from t3d.api.shedding import ConnectionTable, Slot, Standing
 from t3d.errors import T3dError
 
 logger = logging.getLogger("t3d.api")
 
 _RECEIVE_CHUNK = 64 * 1024
+# A response whose pieces together are at most this many bytes is written at once.
+_JOIN_BYTES = 256 * 1024
 # After a connection's last response, how long we drain what the peer still
 # sends, so that it reads the response rather than a reset.
 _LINGER_S = 1.0
@@ -132,13 +134,21 @@ class App(Protocol):
 
     async def handle_http(self, request: HttpRequest) -> HttpResponse: ...
 
+    def answer_now(self, request: HttpRequest) -> HttpResponse | None:
+        """The response to ``request`` if the App has it at once, without waiting for
+        anything (then nothing watches the peer meanwhile); None: `handle_http` answers."""
+        ...
+
     def check_websocket(self, request: HttpRequest) -> HttpResponse | None:
         """None accepts the upgrade; a response refuses it (sent, then the connection closes)."""
         ...
 
     async def handle_websocket(
-        self, ws: trio_websocket.WebSocketConnection, request: HttpRequest
-    ) -> None: ...
+        self, ws: trio_websocket.WebSocketConnection, request: HttpRequest, stream: PrefixedStream
+    ) -> None:
+        """Own the conversation; ``stream`` is the one ``ws`` runs on (for writing frames
+        directly: t3d/api/ws_frames.py)."""
+        ...
 
 
 @attrs.frozen
@@ -430,7 +440,7 @@ class _Connection:
             await self._serve_websocket(request)
             return False
         request = attrs.evolve(request, body=await self._receive_body(head))
-        response = await self._respond_unless_abandoned(request)
+        response = _answer_now(self._app, request) or await self._respond_unless_abandoned(request)
         if response is None:
             return False
         half_closed = self._h11.trailing_data[1]  # the peer sent its request, then its EOF
@@ -577,7 +587,10 @@ class _Connection:
     async def _send_response(
         self, response: HttpResponse, *, close: bool, with_body: bool = True
     ) -> None:
-        for piece in encode_response_pieces(self._h11, response, close=close, with_body=with_body):
+        pieces = encode_response_pieces(self._h11, response, close=close, with_body=with_body)
+        if len(pieces) > 1 and sum(map(len, pieces)) <= _JOIN_BYTES:  # one write, not one per piece
+            pieces = [b"".join(pieces)]
+        for piece in pieces:
             await self._send_bytes(piece)
 
     async def _send(self, event: h11.Event) -> None:
@@ -586,8 +599,10 @@ class _Connection:
         await self._send_bytes(data)
 
     async def _send_bytes(self, data: bytes) -> None:
-        with trio.fail_after(self._limits.idle_timeout_s):
-            await self._stream.send_all(data)
+        sent = write_now(self._stream, data)  # what the socket takes at once: no wait
+        if sent < len(data):
+            with trio.fail_after(self._limits.idle_timeout_s):
+                await self._stream.send_all(memoryview(data)[sent:])
 
     async def _close_gracefully(self) -> None:
         """Half-close, then drain the peer's leftovers briefly so it reads our last response."""
@@ -643,6 +658,18 @@ def _protocol_error_farewell(
     return farewell
 
 
+def _answer_now(app: App, request: HttpRequest) -> HttpResponse | None:
+    """`App.answer_now`, with a 500 if it raises (as `_call_app`)."""
+    try:
+        return app.answer_now(request)
+    except T3dError as exc:
+        logger.warning("%s %s failed: %s", request.method, request.path, exc)
+        return error_response(500, "server_error", str(exc))
+    except Exception:
+        logger.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "internal", "internal error; the server log has the details")
+
+
 async def _run_websocket_app(
     app: App,
     ws: trio_websocket.WebSocketConnection,
@@ -656,7 +683,7 @@ async def _run_websocket_app(
         async with trio.open_nursery() as nursery:
 
             async def handle() -> None:
-                await app.handle_websocket(ws, request)
+                await app.handle_websocket(ws, request, stream)
                 nursery.cancel_scope.cancel()
 
             nursery.start_soon(handle)
