@@ -330,6 +330,40 @@ def test_ordinal_lookups_and_finalizing_a_subagent_use_indexes(
     conn.close()
 
 
+def test_a_claude_subagent_thread_opened_run_and_finalized_uses_indexes(
+    db: Path, generated: Generated
+) -> None:
+    """A subagent the agent of a running turn starts (OpenSubagent: a child thread and its
+    turn), its items, its prompt answered, its end (finalizing it reads only the child's
+    records), the parent's end (which looks its children up by the parent index), and the
+    parent's snapshot with its children: no whole-table reads."""
+    conn = _writer(db)
+    running, _ = _open_turn(conn, "running")
+
+    def item(turn_id: str, n: int, kind: Any = "tool_call") -> TurnItem:
+        return TurnItem(f"{turn_id}:k{n}", "", turn_id, 0, kind, "running", "Read", None, None, NOW)
+
+    steps: list[tuple[str, c.Command]] = [
+        ("subagent opened", c.OpenSubagent(running, "toolu_x", "sub-x", "sub-x:1", "general-purpose", "Read it", "read notes.txt")),
+        ("subagent items", c.RecordItems("sub-x:1", (item("sub-x:1", 1), item("sub-x:1", 2)))),
+        ("subagent prompt", c.OpenRequest("sub-x:1", "sub-x:req", "permission", item("sub-x:1", 3, "approval_request"))),
+        ("subagent prompt answered", c.RespondToRequest("sub-x:req", "allow")),
+        ("finalizing the subagent", c.FinishTurn("sub-x:1", "completed")),
+        ("an open subagent", c.OpenSubagent(running, "toolu_y", "sub-y", "sub-y:1", "general-purpose", "Look", "look")),
+        ("the parent's end closes it", c.FinishTurn(running, "interrupted", "stopped", "interrupt")),
+    ]
+    for path, command in steps:
+        assert_reads_only_what_it_needs(conn, path, _executing(command, f"id-{path}"))
+    assert conn.execute("SELECT status FROM turns WHERE id = 'sub-y:1'").get == "interrupted"
+    parent = conn.execute("SELECT thread_id FROM turns WHERE id = ?", (running,)).get
+    conn.close()
+    reader = open_reader_connection(str(db))
+    query = q.snapshot_query(parent, q.DEFAULT_TURN_LIMIT, None, children=True)
+    assert_reads_only_what_it_needs(reader, "snapshot with children", _in_transaction(query))
+    assert len(query(reader).children or []) == 2
+    reader.close()
+
+
 async def test_start_up_uses_indexes(db: Path) -> None:
     """Everything open_store runs before it serves (migrations, superseding the outbox,
     restart recovery), recorded on its own connections: no whole-table reads."""

@@ -48,6 +48,7 @@ def write_version_1(path: Path) -> tuple[list[tuple[str, bytes]], State]:
         c.CreateProject("p", "/w/p"),
         c.CreateThread("t1", "p", "replay", title="kept"),
         c.CreateThread("t2", "p", "replay", title="deleted"),
+        c.CreateThread("t3", "p", "replay", title="a child", parent_thread_id="t1"),
         c.StartTurn("t1", "u1", "hello"),
         c.MarkTurnRunning("u1"),
         *[c.RecordItems("u1", (TurnItem("u1:a", "", "", 0, "assistant_message", "streaming", None, "hi" * n, None, NOW),)) for n in range(1, 4)],
@@ -101,8 +102,9 @@ async def test_a_version_1_database_with_data_climbs_the_whole_ladder(tmp_path: 
     """Opened by this t3d, a schema-1 database with data reaches the newest version: every
     event and projection row survives byte for byte, receipts gain their fingerprint column
     (NULL: such a receipt replays as before), the retention tables and index exist, the
-    deleted thread waits in the purge queue, and the small file was converted to
-    incremental auto-vacuum at start-up."""
+    deleted thread waits in the purge queue, a thread's parent is copied into the indexed
+    parent_thread_id column, and the small file was converted to incremental auto-vacuum at
+    start-up."""
     path = tmp_path / "t3d.sqlite"
     log, state = await trio.to_thread.run_sync(write_version_1, path)
     async with open_store(path, on_writer_lost=_lost) as store:
@@ -120,17 +122,19 @@ async def test_a_version_1_database_with_data_climbs_the_whole_ladder(tmp_path: 
                 "indexes": {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'index'")},
                 "tables": {n for (n,) in conn.execute("SELECT name FROM sqlite_schema WHERE type = 'table'")},
                 "purge": list(conn.execute("SELECT thread_id FROM purge_threads")),
+                "parents": list(conn.execute("SELECT id, parent_thread_id FROM threads ORDER BY id")),
             }
 
         found = await store.read(read, lambda raw: raw)
-    assert found["version"] == len(MIGRATIONS) == 6
+    assert found["version"] == len(MIGRATIONS) == 7
     assert found["auto_vacuum"] == 2
     recovered = [e for e in found["events"] if e not in log]  # type: ignore[operator]
     assert found["events"][: len(log)] == log and not [e for e in recovered if e[0] != "session.updated"]
-    assert found["threads"] == [to_json(state.threads["t1"])]
+    assert found["threads"] == [to_json(state.threads["t1"]), to_json(state.threads["t3"])]
+    assert found["parents"] == [("t1", None), ("t3", "t1")]
     assert found["items"] == [to_json(i) for i in state.items.values()]
     assert set(found["fingerprints"]) == {None}  # type: ignore[arg-type]
-    assert {"events_by_entity", "requests_pending_in_order", "checkpoints_by_thread"} <= found["indexes"]  # type: ignore[operator]
+    assert {"events_by_entity", "requests_pending_in_order", "checkpoints_by_thread", "threads_by_parent"} <= found["indexes"]  # type: ignore[operator]
     assert {"retention", "pruned_threads", "purge_threads", "checkpoints"} <= found["tables"]  # type: ignore[operator]
     assert found["purge"] == [("t2",)]
 

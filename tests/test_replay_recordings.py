@@ -128,7 +128,8 @@ def read_recording(path: Path, workspace: Path) -> list[RecordedTurn]:
                     tool.result = content_text(part.get("content", ""))
                     tool.is_error = part.get("is_error") is True
         elif kind == "control_request" and line["request"].get("subtype") == "can_use_tool":
-            turn.prompted.append(line["request"]["tool_name"])
+            if not line["request"].get("agent_id"):  # a subagent's prompt is its child's
+                turn.prompted.append(line["request"]["tool_name"])
         elif kind == "result":
             turn.result = line
             failed = line.get("is_error") and line.get("terminal_reason") != "aborted_streaming"
@@ -367,7 +368,10 @@ def test_every_recording_has_a_replay_test() -> None:
         return path.name.removesuffix(".jsonl").removesuffix(".stdout")
 
     covered = (
-        {run(MULTITURN)} | {run(Path(name)) for name in SINGLE_TURN} | {run(p) for p in BACKGROUND}
+        {run(MULTITURN)}
+        | {run(Path(name)) for name in SINGLE_TURN}
+        | {run(p) for p in BACKGROUND}
+        | {run(Path(name)) for name in SUBAGENTS}
     )
     assert {run(p) for p in FIXTURES.glob("*.jsonl")} == covered
 
@@ -381,6 +385,12 @@ STEER_INTERRUPTED = FIXTURES / "claude-2.1.197_steer_interrupted.jsonl"
 NESTED_WAKE = FIXTURES / "claude-2.1.197_background_nested_wake.jsonl"
 STEER = FIXTURES / "claude-2.1.197_steer.jsonl"
 BACKGROUND = [BASH_WAKE, AGENT_REPORT, STOP_RESUME, NESTED_WAKE, STEER, STEER_INTERRUPTED]
+# Foreground subagents as child threads: replayed in test_subagent_threads.py.
+SUBAGENTS = [
+    "claude-2.1.197_subagent.jsonl",
+    "claude-2.1.197_subagent_nested.jsonl",
+    "claude-2.1.197_subagent_permission.jsonl",
+]
 # The CLI's task states as item statuses (t3d/providers/claude/tasks.py).
 TASK_STATUS = {
     "completed": "completed",

@@ -71,8 +71,8 @@ class Admission:
                 if held is not None and turn.id == f"{turn.turn_id}:user" and turn.text is not None:
                     self._held_effects[turn.turn_id] = attrs.evolve(held, text=turn.text)
                 continue
-            if not isinstance(turn, Turn):
-                continue
+            if not isinstance(turn, Turn) or (turn.origin or {}).get("kind") == "subagent":
+                continue  # a subagent's turn runs inside its parent's: it takes no slot of its own
             if turn.status in ("running", "waiting"):
                 self.queue.running(turn.id)
             elif turn.status in TERMINAL_TURN_STATUSES:

@@ -316,8 +316,8 @@ class ApiApp:
 
     async def _get_thread(self, r: HttpRequest, m: re.Match[str]) -> HttpResponse:
         params = rpc.Params({"thread_id": m.group(1), **_int_query(r.query, ("turn_limit", "before"))})
-        thread_id, turn_limit, before = self.methods.snapshot_params(params)
-        pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
+        thread_id, turn_limit, before, children = self.methods.snapshot_params(params)
+        pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before, children)
         if pieces is None:
             raise thread_not_found(thread_id)
         return _pieces(pieces)
@@ -405,8 +405,8 @@ class ApiApp:
         """``thread.snapshot`` over HTTP: one JSON-RPC response whose body is streamed in pieces
         of at most 256 KiB (the snapshot itself is never joined into one buffer)."""
         try:
-            thread_id, turn_limit, before = self.methods.snapshot_params(rpc.Params(request.params, request.method))
-            pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before)
+            thread_id, turn_limit, before, children = self.methods.snapshot_params(rpc.Params(request.params, request.method))
+            pieces = await self.bases.thread_snapshot_pieces(thread_id, turn_limit, before, children)
             if pieces is None:
                 raise thread_not_found(thread_id)
         except rpc.RpcError as exc:
@@ -568,8 +568,8 @@ class WsConnection:
                     self.feeds.unsubscribe(sub_id)
                 await self.send(rpc.result_frame(request.id, {"sub": sub_id}))
             elif request.method == "thread.snapshot" and not request.is_notification:
-                thread_id, turn_limit, before = self.app.methods.snapshot_params(rpc.Params(request.params, request.method))
-                await self.feeds.reply_snapshot(request.id, thread_id, turn_limit, before)
+                thread_id, turn_limit, before, children = self.app.methods.snapshot_params(rpc.Params(request.params, request.method))
+                await self.feeds.reply_snapshot(request.id, thread_id, turn_limit, before, children)
             else:
                 reply = await self.app.answer(request, owner=self)
                 if not request.is_notification:

@@ -192,7 +192,7 @@ class Feeds:
             await self._send(rpc.result_frame(request_id, reply))
             await self._send_base(sub, base)
 
-    async def reply_snapshot(self, request_id: rpc.RequestId, thread_id: str, turn_limit: int, before: int | None) -> None:
+    async def reply_snapshot(self, request_id: rpc.RequestId, thread_id: str, turn_limit: int, before: int | None, children: bool = False) -> None:
         """Answer ``thread.snapshot``: a ``snapshot.chunk`` notification per chunk (each frame
         at most 256 KiB), then the response ``{sequence, chunks}``. Raises RpcError (nothing
         sent) for a thread that does not exist."""
@@ -200,7 +200,7 @@ class Feeds:
             raise rpc.RpcError(rpc.INVALID_REQUEST, f"the request id is too long for a streamed reply; use an id of at most {MAX_ID_BYTES} bytes")
         room = CHUNK_BYTES - len(rpc.reply_chunk_frame(request_id, 1 << 62, b""))
         async with holding(self._one_base):
-            snapshot = await self._reader.thread_snapshot(thread_id, turn_limit, before, room)
+            snapshot = await self._reader.thread_snapshot(thread_id, turn_limit, before, room, children)
             if snapshot is None:
                 raise rpc.RpcError(rpc.NOT_FOUND, f"thread {thread_id!r} does not exist; list threads with GET /api/shell")
             size = sum(len(chunk) for chunk in snapshot.chunks)

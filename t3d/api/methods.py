@@ -271,17 +271,18 @@ class Methods:
         commit = lambda: self._commit(p, c.DeleteThread(thread_id))  # noqa: E731
         return await self._git.delete_thread(thread_id, commit, remove_worktree=remove_worktree, force=force)
 
-    def snapshot_params(self, p: Params) -> tuple[str, int, int | None]:
-        """``thread_id``, ``turn_limit`` and ``before`` of a snapshot request, checked."""
+    def snapshot_params(self, p: Params) -> tuple[str, int, int | None, bool]:
+        """``thread_id``, ``turn_limit``, ``before`` and ``children`` of a snapshot request, checked."""
         thread_id = p.str("thread_id", max_len=200)
         turn_limit = p.opt_int("turn_limit", default=DEFAULT_TURN_LIMIT, low=1, high=MAX_TURN_LIMIT)
         before = p.opt_int("before", default=None, low=1, high=1 << 62)
+        children = p.opt_bool("children", default=False)
         p.check()
-        return thread_id, turn_limit, before
+        return thread_id, turn_limit, before, children
 
     async def thread_snapshot(self, p: Params) -> Any:
-        thread_id, turn_limit, before = self.snapshot_params(p)
-        snapshot = await self.reader.thread_snapshot_json(thread_id, turn_limit, before)
+        thread_id, turn_limit, before, children = self.snapshot_params(p)
+        snapshot = await self.reader.thread_snapshot_json(thread_id, turn_limit, before, children)
         if snapshot is None:
             raise thread_not_found(thread_id)
         return snapshot

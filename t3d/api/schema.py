@@ -146,6 +146,7 @@ SNAPSHOT = obj(
         "items": req(array(ref("TurnItem"))),
         "requests": req(array(ref("RuntimeRequest")), "pending requests"),
         "tasks": req(array(ref("TurnItem")), "background tasks still running, whatever turn started them"),
+        "children": opt(array(ref("Thread")), "with children: true, the thread's child threads (subagents), oldest first, at most 500"),
         "has_more": req(boolean(), "older turns were left out"),
         "before": req(nullable(integer(1)), "pass as before to page older turns"),
     },
@@ -288,6 +289,7 @@ METHODS: dict[str, Method] = {
             "thread_id": THREAD_ID,
             "turn_limit": opt(integer(1, MAX_TURN_LIMIT), f"default {DEFAULT_TURN_LIMIT}"),
             "before": opt(integer(1, 1 << 62), "a previous page's before: the page of older turns"),
+            "children": opt(boolean(), "default false: also list the thread's child threads (subagents) with their status"),
         },
         {"oneOf": [ref("Streamed"), ref("ThreadSnapshot")]},
     ),
@@ -534,7 +536,7 @@ def notification_definitions() -> dict[str, Schema]:
     thread_chunk = obj(
         {
             "turns": req(array(ref("Turn"))), "items": req(array(ref("TurnItem"))), "requests": req(array(ref("RuntimeRequest"))),
-            "tasks": req(array(ref("TurnItem"))), "sequence": opt(SEQUENCE), "thread": opt(ref("Thread")), "has_more": opt(boolean()), "before": opt(nullable(integer(1))),
+            "tasks": req(array(ref("TurnItem"))), "children": opt(array(ref("Thread"))), "sequence": opt(SEQUENCE), "thread": opt(ref("Thread")), "has_more": opt(boolean()), "before": opt(nullable(integer(1))),
         },
         title="ThreadSnapshotChunk",
         description="concatenate the lists of all chunks in order; the first chunk also holds the other fields",

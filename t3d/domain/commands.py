@@ -162,6 +162,21 @@ class FinishTurn:
 
 
 @attrs.frozen
+class OpenSubagent:
+    """The agent of turn ``parent_turn_id`` started a subagent (tool call ``tool_use_id``): a
+    child thread (``thread_id``) with one running turn (``turn_id``), the prompt its first
+    item. Opening it again (a replay) changes nothing."""
+
+    parent_turn_id: str
+    tool_use_id: str
+    thread_id: str
+    turn_id: str
+    subagent_type: str
+    description: str
+    prompt: str
+
+
+@attrs.frozen
 class RecordSession:
     session: ProviderSession
 
@@ -266,6 +281,7 @@ ProviderCommand = (
     | ReleaseProviderTurn
     | RecordTasks
     | RequeueSteer
+    | OpenSubagent
 )
 AdmissionCommand = HoldTurn | AdmitTurn
 CheckpointCommand = RecordCheckpoint | MarkReverted | MoveThread

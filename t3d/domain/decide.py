@@ -35,6 +35,12 @@ Rules worth knowing:
   (code ``full``), so a provider flooding prompts cannot grow a turn without bound.
 - Background task items may change after their turn ended (`RecordTasks`); the
   thread lists the ones still running.
+- A subagent is a child thread (`OpenSubagent`: ``parent_thread_id`` and ``subagent``
+  set) with one turn, running as soon as it opens, inside its parent's turn. Its prompts
+  are answered through the parent's agent (the root thread's session). When a turn
+  ends, the open turns of the subagents it started (and theirs) end with it, with its
+  status. Clients cannot start or interrupt turns on a subagent thread (its parent's
+  are interrupted instead); a subagent's turn takes no checkpoint (the parent's does).
 """
 
 from __future__ import annotations
@@ -64,8 +70,10 @@ from t3d.domain.model import (
     HOLD_REASONS,
     MAX_PENDING_REQUESTS,
     MAX_RUNNING_TASKS,
+    MAX_SUBAGENT_DEPTH,
     PROVIDERS,
     RUNNABLE_PROVIDERS,
+    SUBAGENT_TITLE,
     TERMINAL_TURN_STATUSES,
     Checkpoint,
     Entity,
@@ -237,7 +245,18 @@ def _delete_thread(d: _Draft, cmd: c.DeleteThread, now: float) -> Decision:
     thread = d.thread(cmd.thread_id)
     d.events.append(deleted(thread))
     d.effects.append(StopProviderSession(thread.id))
+    _delete_subagents(d, thread.id, 1)
     return d.decision(thread_id=thread.id)
+
+
+def _delete_subagents(d: _Draft, thread_id: str, depth: int) -> None:
+    """A deleted thread's subagent threads go with it (theirs too): they are its work."""
+    if depth > MAX_SUBAGENT_DEPTH:
+        return
+    for child in d.view.child_threads(thread_id):
+        if child.subagent is not None:
+            d.events.append(deleted(child))
+            _delete_subagents(d, child.id, depth + 1)
 
 
 def _check_prompt(text: str) -> None:
@@ -248,6 +267,7 @@ def _check_prompt(text: str) -> None:
 def _start_turn(d: _Draft, cmd: c.StartTurn, now: float) -> Decision:
     thread = d.thread(cmd.thread_id)
     _require(thread.archived_at is None, "conflict", f"thread {thread.id!r} is archived; start a new thread")
+    _refuse_subagent(thread, "start turns on it; start a turn on its parent thread")
     _check_prompt(cmd.text)
     _require(cmd.delivery in DELIVERIES, "invalid", f"delivery {cmd.delivery!r} is unknown; use one of {', '.join(DELIVERIES)}")
     _require(d.view.turn(cmd.turn_id) is None, "conflict", f"turn id {cmd.turn_id!r} is taken; mint a new id")
@@ -379,8 +399,17 @@ def _cancel_turn(d: _Draft, cmd: c.CancelTurn, now: float) -> Decision:
     return d.decision(turn_id=turn.id, status="cancelled")
 
 
+def _refuse_subagent(thread: Thread, what: str) -> None:
+    _require(
+        thread.subagent is None,
+        "conflict",
+        f"thread {thread.id!r} is a subagent of thread {thread.parent_thread_id!r}; its agent runs it, so you cannot {what}",
+    )
+
+
 def _interrupt_turn(d: _Draft, cmd: c.InterruptTurn, now: float) -> Decision:
     thread = d.thread(cmd.thread_id)
+    _refuse_subagent(thread, "interrupt it alone; interrupt its parent thread (that ends its subagents too)")
     open_turns = d.open_turns(thread.id)
     active = [t for t in open_turns if t.status in ACTIVE_TURN_STATUSES]
     if active:
@@ -414,7 +443,7 @@ def _respond_to_request(d: _Draft, cmd: c.RespondToRequest, now: float) -> Decis
     if turn.status == "waiting" and not still_pending:
         d.put(attrs.evolve(turn, status="running"))
         d.refresh_thread_status(turn.thread_id)
-    d.effects.append(AnswerProviderRequest(turn.thread_id, request.id, cmd.decision, cmd.message))
+    d.effects.append(AnswerProviderRequest(_root_thread(d, turn.thread_id), request.id, cmd.decision, cmd.message))
     return d.decision(request_id=request.id)
 
 
@@ -523,6 +552,7 @@ def _close_turn(
     cost_usd: float | None = None,
     request_status: str = "cancelled",
 ) -> None:
+    _close_subagents(d, turn, now, status, error, reason, request_status)
     for request in d.view.pending_requests(turn.id):
         request = d.get(RuntimeRequest, request.id, d.view.request)
         if request.status == "pending":
@@ -538,6 +568,30 @@ def _close_turn(
             cost_usd=cost_usd if cost_usd is not None else turn.cost_usd,
         )
     )
+
+
+def _close_subagents(d: _Draft, turn: Turn, now: float, status: Any, error: str | None, reason: str | None, request_status: str) -> None:
+    """The open turns of the subagents ``turn`` started end with it (theirs too, in turn)."""
+    for child in d.view.child_threads(turn.thread_id):
+        if child.subagent is None or child.subagent.get("parent_turn_id") != turn.id:
+            continue
+        for open_turn in d.open_turns(child.id):
+            if status == "completed":  # the parent finished, the subagent never said it did
+                _close_turn(d, open_turn, now, "failed", "the subagent reported no result before its parent's turn ended", "parent_turn_ended", request_status=request_status)
+            else:
+                why = error or f"its parent's turn ended {status}"
+                _close_turn(d, open_turn, now, status, why, reason or "parent_turn_ended", request_status=request_status)
+        d.refresh_thread_status(child.id)
+
+
+def _root_thread(d: _Draft, thread_id: str) -> str:
+    """The thread whose agent runs ``thread_id``: itself, or a subagent's top parent."""
+    for _ in range(MAX_SUBAGENT_DEPTH + 1):
+        thread = d.get(Thread, thread_id, d.view.thread)
+        if thread is None or thread.subagent is None or thread.parent_thread_id is None:
+            return thread_id
+        thread_id = thread.parent_thread_id
+    return thread_id
 
 
 def _finish_open_turns(d: _Draft, thread_id: str, now: float, status: str, error: str, reason: str) -> None:
@@ -680,6 +734,78 @@ def _requeue_steer(d: _Draft, cmd: c.RequeueSteer, now: float) -> Decision:
     return d.decision(turn_id=turn.id, status=turn.status)
 
 
+def _open_subagent(d: _Draft, cmd: c.OpenSubagent, now: float) -> Decision:
+    parent_turn = _open_turn(d, cmd.parent_turn_id)
+    parent = d.thread(parent_turn.thread_id)
+    existing = d.view.thread(cmd.thread_id)
+    if existing is not None:  # a replay of the same output: it is there already
+        _require(
+            existing.subagent is not None and existing.subagent.get("parent_turn_id") == parent_turn.id,
+            "conflict",
+            f"thread id {cmd.thread_id!r} is taken",
+        )
+        return d.decision(thread_id=existing.id, turn_id=cmd.turn_id)
+    _require(d.view.turn(cmd.turn_id) is None, "conflict", f"turn id {cmd.turn_id!r} is taken")
+    depth = 1
+    ancestor = parent
+    while ancestor.subagent is not None and ancestor.parent_thread_id is not None and depth <= MAX_SUBAGENT_DEPTH:
+        depth += 1
+        ancestor = d.thread(ancestor.parent_thread_id)
+    _require(depth <= MAX_SUBAGENT_DEPTH, "invalid", f"subagents nest deeper than {MAX_SUBAGENT_DEPTH}; the deeper ones are not recorded")
+    what = (cmd.description or cmd.prompt).strip().replace("\n", " ") or "subagent"
+    title = f"{cmd.subagent_type or 'subagent'}: {what}"
+    if len(title) > SUBAGENT_TITLE:
+        title = title[: SUBAGENT_TITLE - 1] + "…"
+    d.put(
+        Thread(
+            id=cmd.thread_id,
+            project_id=parent.project_id,
+            title=title,
+            provider=parent.provider,
+            model=parent.model,
+            runtime_mode=parent.runtime_mode,
+            worktree_path=parent.worktree_path,
+            branch=parent.branch,
+            parent_thread_id=parent.id,
+            status="running",
+            created_at=now,
+            subagent={
+                "parent_turn_id": parent_turn.id,
+                "tool_use_id": cmd.tool_use_id,
+                "subagent_type": cmd.subagent_type,
+                "description": cmd.description,
+            },
+        )
+    )
+    origin = {"kind": "subagent", "parent_thread_id": parent.id, "parent_turn_id": parent_turn.id, "tool_use_id": cmd.tool_use_id}
+    turn = Turn(
+        id=cmd.turn_id,
+        thread_id=cmd.thread_id,
+        ordinal=1,
+        status="running",
+        requested_at=now,
+        started_at=now,
+        started_by="provider",
+        origin=origin,
+    )
+    d.put(turn)
+    d.put(
+        TurnItem(
+            id=f"{turn.id}:user",
+            thread_id=cmd.thread_id,
+            turn_id=turn.id,
+            ordinal=d.next_item_ordinal(turn.id),
+            kind="user_message",
+            status="completed",
+            title=None,
+            text=cmd.prompt[:MAX_TEXT],
+            data={"subagent_type": cmd.subagent_type, "description": cmd.description},
+            updated_at=now,
+        )
+    )
+    return d.decision(thread_id=cmd.thread_id, turn_id=turn.id)
+
+
 def _record_session(d: _Draft, cmd: c.RecordSession, now: float) -> Decision:
     d.thread(cmd.session.thread_id)
     d.put(cmd.session)
@@ -692,8 +818,11 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
     threads: set[str] = set()
     for turn in d.view.all_open_turns():
         threads.add(turn.thread_id)
-        if turn.thread_id in kept:
-            continue  # its agent still runs it: the turn carries on
+        if _root_thread(d, turn.thread_id) in kept:
+            continue  # its agent (or its subagent's parent's) still runs it: the turn carries on
+        turn = d.get(Turn, turn.id, d.view.turn)
+        if turn.terminal:
+            continue  # a subagent's, ended with its parent's just now
         if turn.started_by == "provider" and turn.status == "queued":  # its agent is gone
             _close_turn(d, turn, now, "cancelled", "the daemon restarted before this turn could start; its agent is gone", "server_restart")
         elif turn.status in ACTIVE_TURN_STATUSES:
@@ -708,7 +837,7 @@ def _recover_after_restart(d: _Draft, cmd: c.RecoverAfterRestart, now: float) ->
             )
             _capture_checkpoint(d, turn)
     for request in d.view.all_pending_requests():
-        if request.thread_id in kept:
+        if _root_thread(d, request.thread_id) in kept:
             continue
         if d.get(RuntimeRequest, request.id, d.view.request).status == "pending":
             d.put(attrs.evolve(request, status="expired", resolved_at=now))
@@ -751,6 +880,9 @@ def _capture_checkpoint(d: _Draft, turn: Turn) -> None:
     if turn.started_at is None and turn.status not in ACTIVE_TURN_STATUSES:
         return  # never ran (cancelled while queued): nothing to capture
     thread = d.thread(turn.thread_id)
+    if thread.subagent is not None:
+        return  # it works in its parent's directory, during the parent's turn: that one's checkpoint
+
     d.effects.append(CaptureCheckpoint(thread.id, turn.id, turn.ordinal, _thread_directory(d, thread)))
 
 
@@ -851,6 +983,7 @@ _RULES: dict[type, Callable[[_Draft, Any, float], Decision]] = {
     c.OpenRequest: _open_request,
     c.FinishTurn: _finish_turn,
     c.RecordSession: _record_session,
+    c.OpenSubagent: _open_subagent,
     c.OpenProviderTurn: _open_provider_turn,
     c.ReleaseProviderTurn: _release_provider_turn,
     c.RecordTasks: _record_tasks,

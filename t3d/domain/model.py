@@ -35,6 +35,10 @@ TurnStarter = Literal["user", "provider"]
 DELIVERIES = ("queue", "steer")
 # Background task item ids a thread lists as still running (the oldest leave the list first).
 MAX_RUNNING_TASKS = 64
+# A subagent thread's title (its type and description or prompt) is cut to this length.
+SUBAGENT_TITLE = 200
+# How deep subagents nest (a subagent's own subagents...): deeper lines are dropped.
+MAX_SUBAGENT_DEPTH = 8
 # Runtime requests (prompts) a turn may have pending at once. At the bound the domain
 # refuses the next (`DomainError` code ``full``) and the session denies it to its CLI.
 MAX_PENDING_REQUESTS = 64
@@ -96,6 +100,11 @@ class Thread:
     # Item ids of the thread's background tasks still running (at most MAX_RUNNING_TASKS),
     # whatever turn started them: what still runs after the thread's turns ended.
     running_tasks: list[str] = attrs.Factory(list)
+    # Set on a subagent's thread (a child the provider's agent started with its Agent/Task
+    # tool): ``{"parent_turn_id", "tool_use_id", "subagent_type", "description"}``. Its one
+    # turn runs inside the parent's turn and ends with the tool call's result; clients
+    # neither start nor interrupt turns on it (they interrupt the parent).
+    subagent: JsonDict | None = None
 
 
 @attrs.frozen

@@ -47,6 +47,9 @@ class StateView(Protocol):
         ...
 
     def checkpoint(self, checkpoint_id: str) -> Checkpoint | None: ...
+    def child_threads(self, thread_id: str) -> list[Thread]:
+        """The threads whose ``parent_thread_id`` is ``thread_id``, oldest first."""
+        ...
     def turns_from(self, thread_id: str, ordinal: int) -> list[Turn]:
         """A thread's turns from ``ordinal`` on (the tail of its queue), by ordinal."""
         ...
@@ -128,6 +131,10 @@ class State:
 
     def turns_from(self, thread_id: str, ordinal: int) -> list[Turn]:
         return [t for t in self.thread_turns(thread_id) if t.ordinal >= ordinal]
+
+    def child_threads(self, thread_id: str) -> list[Thread]:
+        found = [t for t in self.threads.values() if t.parent_thread_id == thread_id]
+        return sorted(found, key=lambda t: (t.created_at, t.id))
 
     # --- fold ---
     def apply(self, event: Event) -> None:

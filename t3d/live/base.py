@@ -65,7 +65,10 @@ def thread_parts(raw: SnapshotRaw) -> Parts | None:
         elements.append((0, summarize_payload(turn)))
     elements += [(2, summarize_payload(request)) for request in raw.requests]
     elements += [(3, summarize_payload(task)) for task in raw.tasks]
-    return Parts(head, THREAD_LISTS, tuple(elements))
+    if raw.children is None:
+        return Parts(head, THREAD_LISTS, tuple(elements))
+    elements += [(4, summarize_payload(child)) for child in raw.children]
+    return Parts(head, (*THREAD_LISTS, "children"), tuple(elements))
 
 
 NO_WORKSPACES: Mapping[str, bytes] = {}

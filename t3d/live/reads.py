@@ -94,12 +94,12 @@ class BaseReader:
 
     # --- whole snapshots, for request/response (RPC, HTTP) ------------------------------
 
-    async def thread_snapshot_pieces(self, thread_id: str, turn_limit: int, before: int | None) -> list[bytes] | None:
+    async def thread_snapshot_pieces(self, thread_id: str, turn_limit: int, before: int | None, children: bool = False) -> list[bytes] | None:
         """The thread snapshot as one JSON object in pieces of at most 256 KiB (HTTP)."""
-        query = q.snapshot_query(thread_id, turn_limit, before)
+        query = q.snapshot_query(thread_id, turn_limit, before, children)
         return await self._store.read(query, _pieces(b.thread_parts), q.snapshot_read_class(turn_limit, before))
 
-    async def thread_snapshot(self, thread_id: str, turn_limit: int, before: int | None, chunk_bytes: int) -> b.Snapshot | None:
+    async def thread_snapshot(self, thread_id: str, turn_limit: int, before: int | None, chunk_bytes: int, children: bool = False) -> b.Snapshot | None:
         """The thread snapshot as chunk objects of at most ``chunk_bytes`` each (a streamed
         ``thread.snapshot`` reply on a WebSocket)."""
 
@@ -107,12 +107,12 @@ class BaseReader:
             parts = b.thread_parts(raw)
             return None if parts is None else b.Snapshot(raw.sequence, tuple(chunk_objects(parts, chunk_bytes)))
 
-        query = q.snapshot_query(thread_id, turn_limit, before)
+        query = q.snapshot_query(thread_id, turn_limit, before, children)
         return await self._store.read(query, decode, q.snapshot_read_class(turn_limit, before))
 
-    async def thread_snapshot_json(self, thread_id: str, turn_limit: int, before: int | None) -> orjson.Fragment | None:
+    async def thread_snapshot_json(self, thread_id: str, turn_limit: int, before: int | None, children: bool = False) -> orjson.Fragment | None:
         """The thread snapshot as one encoded JSON object (an RPC result)."""
-        query = q.snapshot_query(thread_id, turn_limit, before)
+        query = q.snapshot_query(thread_id, turn_limit, before, children)
         return await self._store.read(query, _fragment(b.thread_parts), q.snapshot_read_class(turn_limit, before))
 
     async def pending_requests_json(self, thread_id: str | None) -> orjson.Fragment:

@@ -25,6 +25,8 @@ MAX_TURN_LIMIT = 1000
 # least one turn is always taken, and every open turn): a huge thread is paged with
 # ``before`` instead of being held whole in memory (`has_more` says there is more).
 SNAPSHOT_BYTES = 16 * 1024 * 1024
+# A snapshot with ``children`` lists at most this many child threads (the oldest).
+MAX_SNAPSHOT_CHILDREN = 500
 
 
 def snapshot_read_class(turn_limit: int, before: int | None) -> ReadClass:
@@ -65,12 +67,16 @@ class SnapshotRaw:
     turn_items: tuple[int, ...]
     # The thread's background tasks still running (items of any of its turns).
     tasks: list[bytes] = attrs.Factory(list)
+    # Its child threads (subagents), oldest first, at most `MAX_SNAPSHOT_CHILDREN`: only when
+    # asked for (None: not asked).
+    children: list[bytes] | None = None
 
 
-def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type: ignore[no-untyped-def]
+def snapshot_query(thread_id: str, turn_limit: int, before: int | None, children: bool = False):  # type: ignore[no-untyped-def]
     """The last ``turn_limit`` turns and every open turn; with ``before``, the ``turn_limit``
     turns before that ordinal only (a page of history). Older finished turns past
-    `SNAPSHOT_BYTES` are left to the next page."""
+    `SNAPSHOT_BYTES` are left to the next page. With ``children``, the thread's child threads
+    too (the oldest `MAX_SNAPSHOT_CHILDREN`)."""
 
     def query(conn: apsw.Connection) -> SnapshotRaw:
         sequence = current_sequence(conn)
@@ -122,9 +128,19 @@ def snapshot_query(thread_id: str, turn_limit: int, before: int | None):  # type
             lowest > 1,
             tuple(counts),
             running_task_bodies(conn, thread[0]),
+            child_thread_bodies(conn, thread_id) if children else None,
         )
 
     return query
+
+
+def child_thread_bodies(conn: apsw.Connection, thread_id: str) -> list[bytes]:
+    """The thread's child threads (its subagents), oldest first, by the parent index."""
+    return _bodies(
+        conn,
+        "SELECT body FROM threads WHERE parent_thread_id = ? ORDER BY rowid LIMIT ?",
+        (thread_id, MAX_SNAPSHOT_CHILDREN),
+    )
 
 
 def running_task_bodies(conn: apsw.Connection, thread_body: bytes) -> list[bytes]:
@@ -140,7 +156,7 @@ def decode_snapshot(raw: SnapshotRaw) -> dict[str, Any] | None:
     if raw.thread is None:
         return None
     turns = _loads(raw.turns)
-    return {
+    snapshot = {
         "sequence": raw.sequence,
         "thread": orjson.loads(raw.thread),
         "turns": turns,
@@ -150,6 +166,9 @@ def decode_snapshot(raw: SnapshotRaw) -> dict[str, Any] | None:
         "has_more": raw.has_more,
         "before": turns[0]["ordinal"] if raw.has_more and turns else None,
     }
+    if raw.children is not None:
+        snapshot["children"] = _loads(raw.children)
+    return snapshot
 
 
 # --- shell -----------------------------------------------------------------------

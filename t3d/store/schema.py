@@ -193,6 +193,14 @@ MIGRATIONS: tuple[str, ...] = (
     """
     DELETE FROM retention WHERE name IN ('cursor.item', 'cursor.state');
     """,
+    # 7: subagents are child threads: a thread's children (a parent turn's end closes its
+    # subagents' turns; a snapshot lists them) are found by their parent, not by a scan
+    """
+    ALTER TABLE threads ADD COLUMN parent_thread_id TEXT;
+    UPDATE threads SET parent_thread_id = json_extract(body, '$.parent_thread_id')
+        WHERE json_extract(body, '$.parent_thread_id') IS NOT NULL;
+    CREATE INDEX threads_by_parent ON threads(parent_thread_id) WHERE parent_thread_id IS NOT NULL;
+    """,
 )
 
 # auto_vacuum modes as ``PRAGMA auto_vacuum`` reports them.

@@ -185,13 +185,19 @@ class SqlView:
             "SELECT body FROM turns WHERE thread_id = ? AND ordinal >= ? ORDER BY ordinal", (thread_id, ordinal), decode_turn
         )
 
+    def child_threads(self, thread_id: str) -> list[Thread]:
+        return sorted(
+            self._all("SELECT body FROM threads WHERE parent_thread_id = ?", (thread_id,), decode_thread),
+            key=lambda t: (t.created_at, t.id),
+        )
+
 
 
 # Entity type -> (table, indexed columns kept beside ``body``, columns an update may change).
 # Columns named here are read from the entity's attribute of the same name.
 _TABLES: dict[type, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     Project: ("projects", ("path",), ("path",)),
-    Thread: ("threads", ("project_id",), ()),
+    Thread: ("threads", ("project_id", "parent_thread_id"), ()),
     Turn: ("turns", ("thread_id", "ordinal", "status"), ("ordinal", "status")),
     TurnItem: ("items", ("thread_id", "turn_id", "ordinal"), ("ordinal",)),
     RuntimeRequest: ("requests", ("thread_id", "turn_id", "status"), ("status",)),

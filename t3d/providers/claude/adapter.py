@@ -81,6 +81,8 @@ class TurnMapper:
         # A turn the provider started that was cancelled before it could run: its output
         # is read (to its result) but not recorded.
         self.discard = False
+        # Subagent calls of this turn's agent -> the child thread each opened (subagents.py).
+        self.children: dict[str, str] = {}
 
     # --- items ---------------------------------------------------------------------
 
@@ -187,6 +189,8 @@ class TurnMapper:
                     name=block.name,
                     input=block.input,
                 )
+                if block.tool_use_id in self.children:  # a subagent's call: it links to the child
+                    data["child_thread_id"] = self.children[block.tool_use_id]
                 item = self._item(
                     block.tool_use_id, "tool_call", status="running", title=block.name, data=data
                 )

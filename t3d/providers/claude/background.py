@@ -229,7 +229,8 @@ class BackgroundWork:
         if isinstance(event, ce.AssistantMessage):
             for block in event.blocks:
                 if isinstance(block, ce.ToolUseBlock):
-                    self._tasks.see_tool(self._tasks.last_turn_id or "", block, parent)
+                    started = self._tasks.see_tool(self._tasks.last_turn_id or "", block, parent)
+                    await self._record_tasks(list(started.items) if started is not None else [])
             text = "\n".join(b.text for b in event.blocks if isinstance(b, ce.TextBlock))
             item = self._tasks.agent_text(parent, text)
             await self._record_tasks([item] if item is not None else [])

@@ -173,7 +173,10 @@ class ResumeAfterRestart:
         held, self._held = self._held, {}
         if turn is None or not held:
             return
-        items = tuple(held.values())
-        for start in range(0, len(items), HELD_BATCH):
-            await self._commit(c.RecordItems(turn.turn_id, items[start : start + HELD_BATCH]))
+        by_turn: dict[str, list[TurnItem]] = {}  # the turn's own, and its subagents' turns'
+        for item in held.values():
+            by_turn.setdefault(item.turn_id, []).append(item)
+        for turn_id, in_turn in by_turn.items():
+            for start in range(0, len(in_turn), HELD_BATCH):
+                await self._commit(c.RecordItems(turn_id, tuple(in_turn[start : start + HELD_BATCH])))
 

@@ -31,6 +31,11 @@ Rules:
 - Output with no turn open (a background task woke the agent) opens a turn started by
   the provider; task lines keep background task items; a steered message is written at
   once (`BackgroundWork`, background.py).
+- A foreground subagent (an ``Agent`` call) is a child thread (`Subagents`,
+  subagents.py): its lines (``parent_tool_use_id``) are items of the child's turn and its
+  prompts are shown there; the call's result ends the child. A line naming a call that
+  started no subagent is logged and dropped (a prompt is shown in the turn instead, so it
+  is still answered); children still open when the turn ends end with it.
 - Bad provider lines are logged rate-limited (`LogLimiter`).
 """
 
@@ -73,6 +78,8 @@ from t3d.providers.claude.encode import (
 from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.protocol import decode_line, parse_value, streamed_text
 from t3d.providers.claude.resume import ResumeAfterRestart
+from t3d.providers.claude.subagents import Child as SubagentChild
+from t3d.providers.claude.subagents import Subagents, is_subagent_call
 from t3d.providers.claude.tasks import TASK_EVENTS
 from t3d.providers.coalesce import ItemCoalescer, Settling
 from t3d.providers.lines import LineTooLong
@@ -144,6 +151,7 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
         self._resume = spec.resume
         self._native_seen: str | None = None
         self._items = ItemCoalescer(self._record_items, writes)
+        self._subagents = Subagents(clock)
         self._control_ids = 0
         self._idle_since = math.inf
         self._warnings = LogLimiter(log, f"thread {spec.thread_id}")
@@ -465,6 +473,9 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
             )
             return
         if isinstance(event, TASK_EVENTS):
+            if isinstance(event, ce.TaskStarted):
+                self._subagents.see_task(event)
+            self._tasks.defer_agents = bool(self._subagents.open_children())
             await self._on_task(event)
             return
         parent = subagent_of(event)
@@ -482,26 +493,96 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
             if self._turn is None:
                 return
         turn = self._turn
+        mapper = turn
+        if parent is not None:
+            child = self._subagent_of(event, parent)
+            if child is not None:
+                mapper = child.mapper
+            elif not isinstance(event, ce.PermissionRequested):  # a prompt is still shown (and answered)
+                if not turn.discard:
+                    self._warnings.warning(f"a {type(event).__name__} line names tool call {parent!r}, which started no subagent of turn {turn.turn_id}; dropped")
+                return
         if isinstance(event, ce.AssistantMessage):
             for block in event.blocks:
                 if isinstance(block, ce.ToolUseBlock):
-                    self._tasks.see_tool(turn.turn_id, block, parent)
+                    started = self._tasks.see_tool(turn.turn_id, block, parent)
+                    if started is not None and not turn.discard:
+                        await self._record_tasks(list(started.items))
+            if not turn.discard:
+                await self._open_subagents(mapper, event)
         replaying = proc.output.replaying
         if replaying and isinstance(event, ce.UserMessage):
             self._progressed.update(result.tool_use_id for result in event.tool_results)
         elif not replaying and self._held:
             await self._flush_held()
-        for change in turn.feed(event):
+        for change in mapper.feed(event):
             if turn.discard and not isinstance(change, TurnEnded):
                 continue  # a turn cancelled before it started: read to its end, not recorded
-            await self._apply(change, replaying=replaying)
+            if mapper is not turn and isinstance(change, TurnEnded | SessionSeen):
+                continue  # a subagent's line never ends the turn
+            await self._apply(change, mapper, replaying=replaying)
+        if isinstance(event, ce.UserMessage) and event.tool_results and not turn.discard:
+            await self._end_subagents(mapper, event)
+
+    # --- subagents ---------------------------------------------------------------------------
+
+    def _subagent_of(self, event: object, parent: str) -> SubagentChild | None:
+        if isinstance(event, ce.PermissionRequested):
+            return self._subagents.asking(event)
+        child = self._subagents.child(parent)
+        if child is not None and isinstance(event, ce.AssistantMessage):
+            self._subagents.see_tools(child, event)
+        return child
+
+    async def _open_subagents(self, mapper: TurnMapper, event: ce.AssistantMessage) -> None:
+        """Open a child thread for each subagent call on the line, before the call's item
+        (which links to the child) is recorded."""
+        for block in event.blocks:
+            if not isinstance(block, ce.ToolUseBlock) or not is_subagent_call(block):
+                continue
+            command, why = self._subagents.start(mapper, block)
+            if why is not None:
+                self._warnings.warning(why)
+            if command is None:
+                continue
+            await self._flush_held()
+            if not await self._commit_checked(command):
+                self._subagents.refused(block.tool_use_id)
+                self._warnings.warning(f"subagent call {block.tool_use_id} was not opened as a thread; its lines are dropped")
+
+    async def _end_subagents(self, mapper: TurnMapper, event: ce.UserMessage) -> None:
+        """The results of subagent calls end their children (failed if the result is an error)."""
+        for result in event.tool_results:
+            done = self._subagents.finish(mapper, result)
+            if done is None:
+                continue
+            child, finish = done
+            await self._flush_held()
+            await self._close_items(child.mapper)
+            await self._commit(finish)
+
+    async def _close_items(self, mapper: TurnMapper) -> None:
+        """Items of ``mapper``'s turn still streaming or running end with it (a prompt stays
+        as its request leaves it)."""
+        closing = tuple(
+            attrs.evolve(
+                i,
+                status="completed" if i.status == "streaming" else "failed",
+                updated_at=self._clock(),
+            )
+            for i in mapper.open_items()
+            if i.kind != "approval_request"
+        )
+        self._items.forget(item.id for item in closing)
+        if closing:
+            await self._commit(c.RecordItems(mapper.turn_id, closing))
 
     async def _send_quietly(self, line: bytes) -> None:
         with contextlib.suppress(ProviderError):
             await self._send(line)
 
-    async def _apply(self, change: Change, *, replaying: bool = False) -> None:
-        turn = self._turn
+    async def _apply(self, change: Change, mapper: TurnMapper | None = None, *, replaying: bool = False) -> None:
+        turn = mapper or self._turn  # the turn the change is in: the open one, or a subagent's
         assert turn is not None
         if isinstance(change, ItemChanged):
             await self._item_changed(turn.turn_id, change.item, final=change.final, replaying=replaying)
@@ -552,18 +633,11 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
         if self._adopt_native(ended) and proc is not None:
             # Stored now, not at exit: a daemon stopped mid-session never records an exit.
             await self._record_session(proc, status="running")
-        closing = tuple(
-            attrs.evolve(
-                i,
-                status="completed" if i.status == "streaming" else "failed",
-                updated_at=self._clock(),
-            )
-            for i in turn.open_items()
-            if i.kind != "approval_request"
-        )
-        self._items.forget(item.id for item in closing)
-        if closing:
-            await self._commit(c.RecordItems(turn.turn_id, closing))
+        for child in self._subagents.open_children():  # the domain ends their turns with this one
+            if ended.status == "completed":
+                self._warnings.warning(f"subagent call {child.tool_use_id} had no result when turn {turn.turn_id} ended; its thread {child.thread_id} ends with the turn")
+            await self._close_items(child.mapper)
+        await self._close_items(turn)
         # Over before its end commits: the next turn may start as soon as it has (the
         # commit starts it), and must find the session free.
         self._turn_over(turn)
@@ -577,6 +651,7 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
             self._turn = None
         self._idle_since = trio.current_time()
         self._requests.clear()
+        self._subagents.reset()
         self._progressed.clear()
         self._items.reset()
         self._warnings.flush()

@@ -14,7 +14,10 @@ wake the agent, which then writes a turn of its own. `TaskTracker` keeps, for th
 
 Rules:
 - A foreground subagent (an ``Agent`` call without ``run_in_background``) is not a task
-  item: its tool call shows it, in its turn.
+  item (its lines are ignored): it is a child thread (subagents.py). A subagent's own
+  ``Agent`` call comes after its task's ``task_started`` (2.1.197 writes a subagent's
+  assistant line once its tools ran): while a subagent runs (`defer_agents`), an agent task
+  of a call not seen yet waits for the call, which says whether it is in the background.
 - A task line naming a task never started here (lost across a restart, or a CLI bug) still
   becomes an item, in the turn of its tool call if that is known, else the current or last
   turn, with a note saying so; with no turn at all it is only reported.
@@ -84,10 +87,17 @@ class TaskTracker:
         self._by_tool: dict[str, str] = {}  # tool_use_id -> task id
         self._wake: list[JsonDict] = []
         self.last_turn_id: str | None = None  # the last turn the session knew
+        # Foreground subagents' task ids (their lines are not tasks), the newest MAX_TASKS.
+        self._foreground: OrderedDict[str, None] = OrderedDict()
+        # Agent tasks whose call is not seen yet: tool_use_id -> (task_started, its turn).
+        self._deferred: OrderedDict[str, tuple[ce.TaskStarted, str | None]] = OrderedDict()
+        self.defer_agents = False  # set by the session while a subagent runs
 
     # --- tool calls -------------------------------------------------------------------
 
-    def see_tool(self, turn_id: str, block: ce.ToolUseBlock, parent_tool_use_id: str | None) -> None:
+    def see_tool(self, turn_id: str, block: ce.ToolUseBlock, parent_tool_use_id: str | None) -> TaskChange | None:
+        """Remember the call; a task that waited for it (`defer_agents`) starts now, if it runs
+        in the background (the change to record)."""
         parent = self._tools.get(parent_tool_use_id) if parent_tool_use_id else None
         owner = parent.turn_id if parent is not None else turn_id
         background = block.input.get("run_in_background") is True
@@ -95,6 +105,22 @@ class TaskTracker:
         self._tools.move_to_end(block.tool_use_id)
         while len(self._tools) > MAX_TOOLS:
             self._tools.popitem(last=False)
+        waiting = self._deferred.pop(block.tool_use_id, None)
+        if waiting is None:
+            return None
+        started, turn = waiting
+        if not background:
+            self._mark_foreground(started.task_id)
+            return None
+        return self._started(started, turn)
+
+    def _mark_foreground(self, task_id: str) -> None:
+        self._foreground[task_id] = None
+        while len(self._foreground) > MAX_TASKS:
+            self._foreground.popitem(last=False)
+
+    def _waiting(self, task_id: str) -> bool:
+        return task_id in self._foreground or any(s.task_id == task_id for s, _ in self._deferred.values())
 
     def tool(self, tool_use_id: str | None) -> ToolCall | None:
         return self._tools.get(tool_use_id) if tool_use_id else None
@@ -112,6 +138,8 @@ class TaskTracker:
             self.last_turn_id = current_turn
         if isinstance(event, ce.TaskStarted):
             return self._started(event, current_turn)
+        if self._waiting(event.task_id):
+            return TaskChange()  # a foreground subagent's (or one whose call is still to come)
         item = self._tasks.get(event.task_id)
         warning = None
         if item is None:
@@ -144,7 +172,13 @@ class TaskTracker:
     def _started(self, event: ce.TaskStarted, current_turn: str | None) -> TaskChange:
         call = self.tool(event.tool_use_id)
         if event.task_type == "local_agent" and call is not None and not call.background:
-            return TaskChange()  # a foreground subagent: its tool call shows it
+            self._mark_foreground(event.task_id)
+            return TaskChange()  # a foreground subagent: a child thread, its tool call links to it
+        if event.task_type == "local_agent" and call is None and self.defer_agents and event.tool_use_id:
+            self._deferred[event.tool_use_id] = (event, current_turn)
+            while len(self._deferred) > MAX_TASKS:
+                self._deferred.popitem(last=False)
+            return TaskChange()
         fields = {
             "task_type": event.task_type,
             "description": event.description,
