@@ -340,3 +340,35 @@ async def test_interrupting_the_parent_ends_its_open_subagent(tmp_path: Path, nu
             assert child["thread"]["status"] == "idle"
             assert (await client.call("requests.pending"))["requests"] == []
         daemon.stop()
+
+
+async def test_force_stopping_the_parent_ends_its_subagent_and_restart_keeps_the_tree(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """thread.force_stop of the parent while its subagent waits on a prompt ends the parent's
+    turn cancelled (force_stop) and the child's turn with it, its prompt cancelled; a daemon
+    started again on the same database still shows the child as a finished child of its parent."""
+    with trio.fail_after(60):
+        daemon, project = await replay(tmp_path, nursery, PERMISSION)
+        (recorded,) = read_recording(PERMISSION, project)
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project)
+            started = await client.call("turn.start", thread_id=thread_id, text=recorded.prompt or "go")
+            pending: list[Json] = []
+            while not pending:
+                pending = (await client.call("requests.pending"))["requests"]
+                await trio.sleep(0.05)
+            child_id = pending[0]["thread_id"]
+            stopped = await client.call("thread.force_stop", thread_id=thread_id)
+            assert stopped["turn_id"] == started["turn_id"]
+            snapshot = await client.call("thread.snapshot", thread_id=thread_id, children=True)
+            assert (snapshot["turns"][-1]["status"], snapshot["turns"][-1]["reason"]) == ("cancelled", "force_stop")
+            child = await child_snapshot(client, child_id)
+            assert (child["turns"][0]["status"], child["thread"]["status"]) == ("cancelled", "idle")
+            assert [c["id"] for c in snapshot["children"]] == [child_id]
+            assert (await client.call("requests.pending"))["requests"] == []
+        daemon.stop()
+        again = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(PERMISSION))
+        async with open_client(again) as client:
+            child = await child_snapshot(client, child_id)
+            assert child["thread"]["parent_thread_id"] == thread_id
+            assert child["turns"][0]["status"] == "cancelled"
+        again.stop()
