@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from harness import (
     run_turn,
     start_daemon,
 )
+from served import base_env, kill_leftovers, open_ws, provider_pids, serve
 from test_replay_recordings import check_turn, content_text, project_dir, read_recording
 
 Json = dict[str, Any]
@@ -372,3 +374,45 @@ async def test_force_stopping_the_parent_ends_its_subagent_and_restart_keeps_the
             assert child["thread"]["parent_thread_id"] == thread_id
             assert child["turns"][0]["status"] == "cancelled"
         again.stop()
+
+
+async def test_a_subagent_waiting_on_a_prompt_carries_on_across_a_daemon_restart(tmp_path: Path) -> None:
+    """A daemon stopped (SIGTERM) while a subagent waits on its prompt leaves the agent running;
+    the next daemon takes it over and replays the turn's output: the child thread and its turn
+    are the same (no second child), its prompt is still pending, and answering it lets the
+    subagent and the parent's turn complete with the tree a run without the restart has."""
+    state = tmp_path / "state"
+    project = project_dir(tmp_path)
+    subs = recorded_subagents(PERMISSION, project)
+    flags = ("--replay-fixture", str(PERMISSION), "--replay-speed", "0", "--agent-reattach-window", "60", "--checkpoints", "off")
+    pids: list[int] = []
+    try:
+        with trio.fail_after(90):
+            async with serve(state, *flags, env=base_env()) as first:
+                async with open_ws(first) as client:
+                    thread_id = await new_thread(client, project)
+                    started = await client.call("turn.start", thread_id=thread_id, text="go")
+                    pending: list[Json] = []
+                    while not pending:
+                        pending = (await client.call("requests.pending"))["requests"]
+                        await trio.sleep(0.05)
+                pids = await provider_pids(first)
+                assert len(pids) == 1
+                first.process.send_signal(signal.SIGTERM)
+                await first.process.wait()
+            async with serve(state, *flags, env=base_env()) as second, open_ws(second) as client:
+                assert [r["id"] for r in (await client.call("requests.pending"))["requests"]] == [pending[0]["id"]]
+                await client.call("request.respond", request_id=pending[0]["id"], decision="allow")
+                while True:
+                    snapshot = await client.call("thread.snapshot", thread_id=thread_id, children=True)
+                    turn = next(t for t in snapshot["turns"] if t["id"] == started["turn_id"])
+                    if turn["status"] not in ("starting", "running", "waiting"):
+                        break
+                    await trio.sleep(0.05)
+                assert turn["status"] == "completed"
+                assert [c["id"] for c in snapshot["children"]] == [pending[0]["thread_id"]]
+                items = [i for i in snapshot["items"] if i["turn_id"] == turn["id"]]
+                await check_tree(client, turn, items, subs)
+                assert sorted(await provider_pids(second)) == sorted(pids)  # taken over, not restarted
+    finally:
+        kill_leftovers(pids, state)
