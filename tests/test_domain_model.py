@@ -108,6 +108,12 @@ TURN_COMMANDS = [
         st.booleans(),
     ),
     st.builds(_command(c.ReleaseProviderTurn, U), _sels(1)),
+    # A subagent of an open turn (the parent may be a subagent's turn: they nest).
+    st.builds(
+        _command(lambda u, key: c.OpenSubagent(u, f"toolu-{key}", f"t-sub-{u}-{key}", f"u-sub-{u}-{key}", "general-purpose", "look", "look"), U),
+        _sels(1),
+        st.sampled_from(["a", "b"]),
+    ),
     st.builds(
         _command(lambda t, u, key, status: c.RecordTasks(t, (_task(u, key, status),)), T, U),
         _sels(2),
@@ -178,6 +184,14 @@ def check_invariants(state: State) -> None:
         running = {i.id for i in state.items.values() if i.kind == "background_task" and i.status == "running" and i.thread_id == thread.id}
         assert set(thread.running_tasks) <= running, "a thread lists only its tasks still running"
         assert len(thread.running_tasks) == len(set(thread.running_tasks)), "each task once"
+    for thread in state.threads.values():
+        if thread.subagent is None:
+            continue
+        assert thread.parent_thread_id in state.threads, "a subagent goes with its parent"
+        parent_turn = state.turns[thread.subagent["parent_turn_id"]]
+        own = state.turns.get(f"u-sub-{parent_turn.id}-{thread.subagent['tool_use_id'].removeprefix('toolu-')}")
+        if own is not None and not own.terminal:
+            assert not parent_turn.terminal, "a subagent's turn ends with its parent's turn"
     for turn_id in {i.turn_id for i in state.items.values()}:
         ordinals = sorted(i.ordinal for i in state.items.values() if i.turn_id == turn_id)
         assert ordinals == list(range(1, len(ordinals) + 1)), "item ordinals are dense per turn"

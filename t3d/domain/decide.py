@@ -391,6 +391,7 @@ def _cancel_turn(d: _Draft, cmd: c.CancelTurn, now: float) -> Decision:
     if turn.status == "cancelled":
         return d.decision(turn_id=turn.id, status=turn.status)
     turn = _queued_turn(d, cmd.turn_id, "cancelled")
+    _close_subagents(d, turn, now, "cancelled", "its parent's turn was cancelled", "cancelled_by_user", "cancelled")
     d.put(attrs.evolve(turn, status="cancelled", completed_at=now, reason="cancelled_by_user"))
     if turn.started_by == "provider":  # its agent is at work on it: stop that too
         d.effects.append(InterruptProviderTurn(turn.thread_id, turn.id))
@@ -421,6 +422,7 @@ def _interrupt_turn(d: _Draft, cmd: c.InterruptTurn, now: float) -> Decision:
     queued = [t for t in open_turns if t.status == "queued"]
     _require(bool(queued), "conflict", f"thread {thread.id!r} has no running or queued turn to interrupt")
     for turn in queued:
+        _close_subagents(d, turn, now, "cancelled", "its parent's turn was interrupted", "interrupted_while_queued", "cancelled")
         d.put(attrs.evolve(turn, status="cancelled", completed_at=now, reason="interrupted_while_queued"))
         if turn.started_by == "provider":  # its agent is at work on it: stop that too
             d.effects.append(InterruptProviderTurn(thread.id, turn.id))
