@@ -53,7 +53,7 @@ from t3d.store.retention_plan import (
     next_span,
     pause_after,
 )
-from t3d.store.schema import WRITER_PRAGMAS, migrate
+from t3d.store.schema import MIGRATIONS, WRITER_PRAGMAS, migrate
 from t3d.store.store import open_store
 
 CLASS_OF = {kind: cls for cls, kinds in KINDS.items() for kind in kinds}
@@ -557,12 +557,14 @@ def test_migration_6_lets_the_next_pass_compact_what_earlier_passes_pruned(tmp_p
     with conn:  # as schema 5's retention left it: nothing compacted
         conn.executemany("UPDATE events SET payload = ? WHERE sequence = ?", [(e.payload, e.sequence) for e in log])
         conn.execute("DELETE FROM retention WHERE name = ?", (COMPACTED_COUNT,))
+        conn.execute("DROP INDEX threads_by_parent")  # what schema 7 adds
+        conn.execute("ALTER TABLE threads DROP COLUMN parent_thread_id")
         conn.execute("PRAGMA user_version=5")
     pruned, none = stored_events(conn)
     assert not none and retention_value(conn, "cursor.state") == log[-1].sequence
     conn.close()
     conn = _connect(path)
-    assert conn.execute("PRAGMA user_version").get == 6
+    assert conn.execute("PRAGMA user_version").get == len(MIGRATIONS)
     assert list(conn.execute("SELECT name FROM retention WHERE name LIKE 'cursor.%'")) == []
     plan = prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=0.0))
     stored, compacted = stored_events(conn)
