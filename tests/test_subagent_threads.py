@@ -416,3 +416,44 @@ async def test_a_subagent_waiting_on_a_prompt_carries_on_across_a_daemon_restart
                 assert sorted(await provider_pids(second)) == sorted(pids)  # taken over, not restarted
     finally:
         kill_leftovers(pids, state)
+
+
+async def test_a_subagents_answer_the_cli_never_read_is_sent_again_after_a_restart(tmp_path: Path) -> None:
+    """The daemon died (kill -9) after a subagent's prompt was answered in the database but
+    before the answer reached the CLI: the next daemon takes the agent over, sees in the
+    replay that the subagent still waits, sends the answer again, and the child and the
+    parent's turn complete."""
+    from reattach_support import answer_in_the_database_only
+
+    state = tmp_path / "state"
+    project = project_dir(tmp_path)
+    subs = recorded_subagents(PERMISSION, project)
+    flags = ("--replay-fixture", str(PERMISSION), "--replay-speed", "0", "--agent-reattach-window", "60", "--checkpoints", "off")
+    pids: list[int] = []
+    try:
+        with trio.fail_after(90):
+            async with serve(state, *flags, env=base_env()) as first:
+                async with open_ws(first) as client:
+                    thread_id = await new_thread(client, project)
+                    started = await client.call("turn.start", thread_id=thread_id, text="go")
+                    pending: list[Json] = []
+                    while not pending:
+                        pending = (await client.call("requests.pending"))["requests"]
+                        await trio.sleep(0.05)
+                pids = await provider_pids(first)
+                first.process.send_signal(signal.SIGKILL)
+                await first.process.wait()
+            await answer_in_the_database_only(state / "t3d.sqlite", pending[0]["id"])
+            async with serve(state, *flags, env=base_env()) as second, open_ws(second) as client:
+                while True:
+                    snapshot = await client.call("thread.snapshot", thread_id=thread_id)
+                    turn = next(t for t in snapshot["turns"] if t["id"] == started["turn_id"])
+                    if turn["status"] not in ("starting", "running", "waiting"):
+                        break
+                    await trio.sleep(0.05)
+                assert turn["status"] == "completed"
+                assert f"answering request {pending[0]['id']} again" in second.stderr_text()
+                items = [i for i in snapshot["items"] if i["turn_id"] == turn["id"]]
+                await check_tree(client, turn, items, subs)
+    finally:
+        kill_leftovers(pids, state)

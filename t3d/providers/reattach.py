@@ -45,7 +45,7 @@ class Reattach:
     turn: Turn | None
     # That turn's prompt.
     user_text: str
-    # That turn's requests, whatever their status, and its committed items.
+    # That turn's requests (and its subagents' turns'), whatever their status, and its committed items.
     requests: tuple[RuntimeRequest, ...] = ()
     items: tuple[TurnItem, ...] = ()
     # The thread's background tasks still running (their items), whatever their turn.

@@ -134,6 +134,21 @@ def snapshot_query(thread_id: str, turn_limit: int, before: int | None, children
     return query
 
 
+def subagent_turn_ids(conn: apsw.Connection, thread_id: str, turn_id: str, depth: int = 8) -> list[str]:
+    """The turns of the subagents ``turn_id`` started, and of theirs (by the parent index):
+    their prompts are the turn's agent's to answer."""
+    found: list[str] = []
+    for body in child_thread_bodies(conn, thread_id):
+        child = orjson.loads(body)
+        if (child.get("subagent") or {}).get("parent_turn_id") != turn_id:
+            continue
+        for (child_turn,) in conn.execute("SELECT id FROM turns WHERE thread_id = ? ORDER BY ordinal", (child["id"],)):
+            found.append(child_turn)
+            if depth > 1:
+                found += subagent_turn_ids(conn, child["id"], child_turn, depth - 1)
+    return found
+
+
 def child_thread_bodies(conn: apsw.Connection, thread_id: str) -> list[bytes]:
     """The thread's child threads (its subagents), oldest first, by the parent index."""
     return _bodies(
@@ -353,11 +368,14 @@ def reattach_context_query(thread_id: str):  # type: ignore[no-untyped-def]
             return ReattachRaw(context, None, None, [], [], tasks)
         turn_id = orjson.loads(turns[0])["id"]
         user = _bodies(conn, "SELECT body FROM items WHERE id = ?", (f"{turn_id}:user",))
+        requests: list[bytes] = []
+        for of_turn in (turn_id, *subagent_turn_ids(conn, thread_id, turn_id)):
+            requests += _bodies(conn, "SELECT body FROM requests WHERE turn_id = ?", (of_turn,))
         return ReattachRaw(
             context,
             turns[0],
             user[0] if user else None,
-            _bodies(conn, "SELECT body FROM requests WHERE turn_id = ?", (turn_id,)),
+            requests,
             _bodies(conn, "SELECT body FROM items WHERE turn_id = ? ORDER BY ordinal", (turn_id,)),
             tasks,
         )

@@ -133,8 +133,8 @@ class ResumeAfterRestart:
         self._turn = mapper
         self._known_turns.append(turn.id)
         self._quiet_since = trio.current_time()
-        prefix = f"{turn.id}:"
         for request in reattach.requests:  # so an answer reaches the CLI whatever the replay shows
+            prefix = f"{request.turn_id}:"  # the turn's, or one of its subagents' turns
             if request.status == "pending" and request.id.startswith(prefix):
                 self._requests[request.id] = (request.id[len(prefix) :], dict(request.data or {}))
         if reattach.complete:
