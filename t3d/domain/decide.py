@@ -298,42 +298,34 @@ def _new_user_turn(d: _Draft, thread: Thread, turn_id: str, text: str, now: floa
         requested_at=now,
     )
     d.put(turn)
-    d.put(
-        TurnItem(
-            id=f"{turn.id}:user",
-            thread_id=thread.id,
-            turn_id=turn.id,
-            ordinal=1,
-            kind="user_message",
-            status="completed",
-            title=None,
-            text=text,
-            data=data,
-            updated_at=now,
-        )
-    )
+    d.put(_user_message(f"{turn.id}:user", turn, 1, text, data, now))
     if not busy:
         d.effects.append(StartProviderTurn(thread.id, turn.id, text, turn.ordinal))
     d.refresh_thread_status(thread.id)
     return turn
 
 
+def _user_message(item_id: str, turn: Turn, ordinal: int, text: str, data: JsonDict | None, now: float) -> TurnItem:
+    """A message to the agent, as an item of ``turn``: a turn's prompt, a steered message."""
+    return TurnItem(
+        id=item_id,
+        thread_id=turn.thread_id,
+        turn_id=turn.id,
+        ordinal=ordinal,
+        kind="user_message",
+        status="completed",
+        title=None,
+        text=text,
+        data=data,
+        updated_at=now,
+    )
+
+
 def _steer(d: _Draft, turn: Turn, cmd: c.StartTurn, now: float) -> Decision:
     """The message goes into the running turn: an item there, written to the provider now."""
     item_id = f"{turn.id}:steer:{cmd.turn_id}"
     _require(d.get(TurnItem, item_id, d.view.item) is None, "conflict", f"turn id {cmd.turn_id!r} is taken; mint a new id")
-    item = TurnItem(
-        id=item_id,
-        thread_id=turn.thread_id,
-        turn_id=turn.id,
-        ordinal=0,
-        kind="user_message",
-        status="completed",
-        title=None,
-        text=cmd.text,
-        data={"delivery": "steer", "steer_id": cmd.turn_id},
-        updated_at=now,
-    )
+    item = _user_message(item_id, turn, 0, cmd.text, {"delivery": "steer", "steer_id": cmd.turn_id}, now)
     _upsert_item(d, item, turn)
     d.effects.append(SteerProviderTurn(turn.thread_id, turn.id, item_id, cmd.turn_id, cmd.text))
     return d.decision(turn_id=turn.id, status=turn.status, delivery="steer", item_id=item_id)
@@ -791,20 +783,8 @@ def _open_subagent(d: _Draft, cmd: c.OpenSubagent, now: float) -> Decision:
         origin=origin,
     )
     d.put(turn)
-    d.put(
-        TurnItem(
-            id=f"{turn.id}:user",
-            thread_id=cmd.thread_id,
-            turn_id=turn.id,
-            ordinal=d.next_item_ordinal(turn.id),
-            kind="user_message",
-            status="completed",
-            title=None,
-            text=cmd.prompt[:MAX_TEXT],
-            data={"subagent_type": cmd.subagent_type, "description": cmd.description},
-            updated_at=now,
-        )
-    )
+    data = {"subagent_type": cmd.subagent_type, "description": cmd.description}
+    d.put(_user_message(f"{turn.id}:user", turn, d.next_item_ordinal(turn.id), cmd.prompt[:MAX_TEXT], data, now))
     return d.decision(thread_id=cmd.thread_id, turn_id=turn.id)
 
 
