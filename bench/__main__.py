@@ -3,6 +3,7 @@
     python -m bench run --profile primary --sessions 250 --window 300 --warmup 60 --out DIR
     python -m bench run --profile stress --sessions 50,150 --runs 3 --compare 'T3D_X=false'
     python -m bench run --profile primary --sessions 250 --provider codex   # or mix
+    python -m bench run --profile primary --sessions 250 --fixtures plain,subagents
     python -m bench report DIR [DIR ...] --out DIR   # one report over earlier summaries
     python -m bench prune --db PATH                  # retention on a database: sizes and time
     python -m bench git-large --files 100000         # status and checkpoints on a large repo
@@ -20,6 +21,10 @@ with 10 (see bench/slow.py). ``--pollers http,mcp`` too: A's approval pollers po
 every poll_s, B's long-poll MCP's wait_for_request (``--pollers mcp``: every run so).
 ``--scrape-interval 0,1`` too: A with no scraper, B with a Prometheus-like client scraping
 ``GET /metrics`` every second (bench/scraper.py); the daemon CPU of each is the cost.
+``--fixtures plain,subagents`` too: A's Claude sessions replay the plain bench turns, B's the
+same turns with two foreground subagents each (bench/subagent_fixture.py; same lines per turn
+and duration), so each configuration's daemon CPU per turn shows what child threads cost
+(``--fixtures subagents``: every run so; Claude sessions and a profile with turns only).
 ``--restart-every 60 --restart-signal TERM|KILL`` restarts the
 daemon on the same state dir every 60 s of the window and reports what the restarts cost
 (see bench/restart.py):
@@ -46,7 +51,7 @@ import trio
 from bench import charts, report
 from bench import restart as r
 from bench.fixture import REPO, fixture_path, read_timings
-from bench.profiles import PROFILES, PROVIDER_MIXES, Profile
+from bench.profiles import FIXTURE_KINDS, PROFILES, PROVIDER_MIXES, Profile
 from bench.runner import RunSpec, fixture_turn_s, run_once
 
 
@@ -169,25 +174,45 @@ def scrape_intervals_of(args: argparse.Namespace) -> dict[str, float]:
     return {"A": values[0], "B": values[-1]}
 
 
+def fixtures_of(args: argparse.Namespace) -> dict[str, str | None]:
+    """The Claude sessions' fixture per configuration (None: the profile's own):
+    ``--fixtures K`` for every one; ``K1,K2``: A with K1, B with K2 (instead of the other
+    A/B options)."""
+    text = getattr(args, "fixtures", None) or "plain"
+    kinds = text.split(",")
+    if not 1 <= len(kinds) <= 2 or any(k not in FIXTURE_KINDS for k in kinds):
+        raise SystemExit(f"--fixtures takes plain, subagents or plain,subagents, not {text!r}")
+    profile = PROFILES.get(getattr(args, "profile", None) or "primary")
+    provider = getattr(args, "provider", None) or "claude"
+    if "subagents" in kinds and (provider != "claude" or (profile is not None and profile.burst)):
+        raise SystemExit("--fixtures subagents replays the Claude turns with two subagents each: it needs --provider claude and a profile with turns (not burst)")
+    others = [getattr(args, name, None) or "" for name in ("slow_clients", "pollers", "scrape_interval")]
+    if len(kinds) == 2 and (args.compare or any("," in other for other in others)):
+        raise SystemExit("--fixtures K1,K2 compares two fixtures as configurations A and B; drop --compare (and the other A/B lists), or give one fixture")
+    return {"A": FIXTURE_KINDS[kinds[0]], "B": FIXTURE_KINDS[kinds[-1]]}
+
+
 def configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """Each configuration's environment for the daemon (``--env`` under every one)."""
     base = parse_compare(args.env) if getattr(args, "env", None) else {}
     if args.compare:
         return {"A": base, "B": {**base, **parse_compare(args.compare)}}
-    two = any("," in (getattr(args, name, None) or "") for name in ("slow_clients", "pollers", "scrape_interval"))
+    two = any("," in (getattr(args, name, None) or "") for name in ("slow_clients", "pollers", "scrape_interval", "fixtures"))
     return {"A": base, "B": dict(base)} if two else {"A": base}
 
 
 def described_configurations(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """What the report shows for each configuration: its environment, its slow clients, its
-    pollers and its scraper."""
+    pollers, its scraper and its fixture."""
     slow, pollers, scrape = slow_clients_of(args), pollers_of(args), scrape_intervals_of(args)
+    kinds = (getattr(args, "fixtures", None) or "").split(",")
     return {
         name: {
             **env,
             **({"--slow-clients": str(slow[name])} if slow else {}),
             **({"--pollers": pollers[name]} if getattr(args, "pollers", None) else {}),
             **({"--scrape-interval": f"{scrape[name]:g}"} if scrape else {}),
+            **({"--fixtures": kinds[0 if name == "A" else -1]} if getattr(args, "fixtures", None) else {}),
         }
         for name, env in configurations(args).items()
     }
@@ -196,6 +221,7 @@ def described_configurations(args: argparse.Namespace) -> dict[str, dict[str, st
 def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[RunSpec]:
     configs = configurations(args)
     slow, pollers, scrape = slow_clients_of(args), pollers_of(args), scrape_intervals_of(args)
+    fixtures = fixtures_of(args)
     daemon_cpus, driver_cpus = pin_sets(args.pin)
     specs = []
     for n in parse_sessions(args.sessions) if args.sessions else [profile.sessions]:
@@ -209,7 +235,7 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
                     slow.get(name), args.restart_every, args.restart_signal, pollers[name], provider,
-                    scrape.get(name) or None,
+                    scrape.get(name) or None, fixtures[name],
                 ))  # fmt: skip
     return specs
 
@@ -252,10 +278,11 @@ def command_run(args: argparse.Namespace) -> int:
     if specs[0].driver_cpus:  # the coordinator (it samples /proc) is part of the driver
         os.sched_setaffinity(0, {int(c) for c in specs[0].driver_cpus.split(",")})
     provider = args.provider
-    names = {"replay": profile.fixture, "replay-codex": profile.codex_fixture}
-    used = [names[p] for p in PROVIDER_MIXES[provider]]
+    claude = list(dict.fromkeys(spec.claude_fixture for spec in specs))  # A's, then B's if another
+    used = [name for p in PROVIDER_MIXES[provider] for name in (claude if p == "replay" else [profile.codex_fixture])]
     sessions = parse_sessions(args.sessions)[0] if args.sessions else profile.sessions
     timings = [t for name in used for t in read_timings(fixture_path(name))]
+    turn_s = [fixture_turn_s(profile, provider, sessions, spec.fixture) for spec in specs]
     summary: dict[str, Any] = {
         "profile": profile.name, "profile_description": profile.describe(), "burst": profile.burst,
         "command": shlex.join(["python", "-m", "bench", *sys.argv[1:]]),
@@ -266,7 +293,7 @@ def command_run(args: argparse.Namespace) -> int:
         "provider": provider,
         "fixture": {
             "name": " + ".join(f"{name}.jsonl" for name in used),
-            "turn_s": fixture_turn_s(profile, provider, sessions),
+            "turn_s": sum(turn_s) / len(turn_s),
             "first_item_ms": sum(t.first_item_ms or 0 for t in timings) / len(timings),
         },
     }  # fmt: skip
@@ -366,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
         "round trips (bench/scraper.py); S1,S2: configuration A with S1, B with S2 (0: no "
         "scraper), interleaved, e.g. 0,1 for the cost of a scrape a second",
     )
+    run.add_argument(
+        "--fixtures",
+        help="the Claude sessions' turns: plain (the bench fixture, the default), subagents (the "
+        "same turns, each starting two foreground subagents; bench/subagent_fixture.py), or "
+        "plain,subagents: configuration A with plain, B with subagents, interleaved",
+    )
     writes_cmd = sub.add_parser("writes", help="provider write batching on vs off, on the real store (bench/writes.py)")
     writes_cmd.add_argument("--reps", type=int, default=5, help="repetitions per configuration (default 5)")
     writes_cmd.add_argument("--synchronous", choices=("full", "normal"), default="full", help="SQLite synchronous level (default full)")
@@ -429,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         if args.runs < 1:
             parser.error("--runs must be at least 1")
+        fixtures_of(args)  # refused before anything starts
         if args.restart_every is not None and (args.restart_every <= 0 or PROFILES[args.profile].burst):
             parser.error("--restart-every takes a number of seconds above 0, and a profile with a window (not burst)")
         return command_run(args)

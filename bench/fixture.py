@@ -223,8 +223,13 @@ def plan_turn(
     return _schedule(w.out, plan)
 
 
-def _schedule(planned: list[Planned], plan: TurnPlan) -> list[tuple[bool, Json, int]]:
+def _schedule(
+    planned: list[Planned], plan: TurnPlan, gaps: dict[str, int] | None = None
+) -> list[tuple[bool, Json, int]]:
+    """The lines' times: fixed gaps by kind (``gaps``: more kinds), the text deltas sharing
+    what is left of ``plan.duration_ms``."""
     fixed = {
+        **(gaps or {}),
         "start": 0,
         "same": 0,
         "fixed": STRUCTURAL_MS,

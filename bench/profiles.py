@@ -13,6 +13,9 @@ import attrs
 
 TURNS_FIXTURE = "claude-2.1.197_bench_turns"
 BURST_FIXTURE = "claude-2.1.197_bench_burst"
+SUBAGENT_TURNS_FIXTURE = "claude-2.1.197_bench_subagent_turns"  # bench/subagent_fixture.py
+# --fixtures: the Claude sessions' turns (None: the profile's own fixture).
+FIXTURE_KINDS: dict[str, str | None] = {"plain": None, "subagents": SUBAGENT_TURNS_FIXTURE}
 CODEX_FIXTURES = {TURNS_FIXTURE: "codex-0.171.0_bench_turns", BURST_FIXTURE: "codex-0.171.0_bench_burst"}
 # --provider: the providers the sessions' threads use, in turn (a mix alternates).
 PROVIDER_MIXES = {"claude": ("replay",), "codex": ("replay-codex",), "mix": ("replay", "replay-codex")}

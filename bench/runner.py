@@ -63,6 +63,11 @@ class RunSpec:
     pollers: str = "http"  # the approval pollers: "http" polling, or "mcp" long-polls
     provider: str = "claude"  # the sessions' agents: claude, codex or mix (bench.profiles)
     scrape_interval: float | None = None  # seconds between GET /metrics (bench/scraper.py); None: no scraper
+    fixture: str | None = None  # the Claude sessions' fixture (--fixtures); None: the profile's
+
+    @property
+    def claude_fixture(self) -> str:
+        return self.fixture or self.profile.fixture
 
     @property
     def scrapes_path(self) -> Path:
@@ -81,17 +86,18 @@ class RunResult:
     notes: list[str]
 
 
-def fixture_turn_s(profile: Profile, provider: str, sessions: int) -> float:
-    """The fixtures' own mean turn, weighted by how many sessions replay each."""
-    own = {"replay": mean_turn_s(fixture_path(profile.fixture)), "replay-codex": mean_turn_s(fixture_path(profile.codex_fixture))}
+def fixture_turn_s(profile: Profile, provider: str, sessions: int, fixture: str | None = None) -> float:
+    """The fixtures' own mean turn, weighted by how many sessions replay each (``fixture``:
+    the Claude sessions' instead of the profile's, `RunSpec.fixture`)."""
+    own = {"replay": mean_turn_s(fixture_path(fixture or profile.fixture)), "replay-codex": mean_turn_s(fixture_path(profile.codex_fixture))}
     providers = session_providers(provider, sessions)
     return sum(own[p] for p in providers) / len(providers)
 
 
-def fixture_lines_per_turn(profile: Profile, provider: str, sessions: int) -> float:
+def fixture_lines_per_turn(profile: Profile, provider: str, sessions: int, fixture: str | None = None) -> float:
     """The fixtures' mean stdout lines per turn, weighted like `fixture_turn_s`."""
     own = {
-        "replay": mean_lines_per_turn(fixture_path(profile.fixture)),
+        "replay": mean_lines_per_turn(fixture_path(fixture or profile.fixture)),
         "replay-codex": mean_lines_per_turn(fixture_path(profile.codex_fixture)),
     }
     providers = session_providers(provider, sessions)
@@ -143,9 +149,9 @@ async def _stop_process(process: trio.Process) -> None:
 async def run_once(spec: RunSpec) -> RunResult:
     spec.out.mkdir(parents=True, exist_ok=True)
     state = d.prepare_state(spec.out / f"state-{spec.label}", spec.db)
-    fixture = fixture_path(spec.profile.fixture)
+    fixture = fixture_path(spec.claude_fixture)
     codex_fixture = fixture_path(spec.profile.codex_fixture)
-    turn_s = fixture_turn_s(spec.profile, spec.provider, spec.sessions)
+    turn_s = fixture_turn_s(spec.profile, spec.provider, spec.sessions, spec.fixture)
     errors: list[str] = []
     notes: list[str] = []
     load_out = spec.out / f"{spec.label}.load.json"
@@ -312,7 +318,7 @@ def _restart_result(
     """The restart figures, notes and CSVs of a run with --restart-every."""
     load = orjson.loads(load_out.read_bytes()) if load_out.exists() else None
     turns = figures.turns_of(load) if load else []
-    fixtures = {"replay": fixture_path(spec.profile.fixture), "replay-codex": fixture_path(spec.profile.codex_fixture)}
+    fixtures = {"replay": fixture_path(spec.claude_fixture), "replay-codex": fixture_path(spec.profile.codex_fixture)}
     fig, rows = r.restart_figures(records, turns, state.root / "t3d.sqlite", fixtures)
     result.figures.update(fig)
     result.notes.extend(r.note(record, i + 1) for i, record in enumerate(records))
@@ -359,7 +365,7 @@ def _result(
         (gate[0], gate[1]) if gate[0] is not None and gate[1] is not None else None,
         len(sampler.daemon_children_seen) if sampler else None,
         orjson.loads(spec.scrapes_path.read_bytes()) if spec.scrapes_path.exists() else None,
-        fixture_lines_per_turn(spec.profile, spec.provider, spec.sessions),
+        fixture_lines_per_turn(spec.profile, spec.provider, spec.sessions, spec.fixture),
     )  # fmt: skip
     fig, missing = (figures.burst_figures if spec.profile.burst else figures.steady_figures)(inputs)
     fig["harness_errors"] = errors
