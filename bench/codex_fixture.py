@@ -44,6 +44,7 @@ from bench.fixture import (
     TurnTiming,
     _dump,
     _split,
+    write_files,
 )
 from bench.recording import HOST, Json, Recording
 
@@ -370,14 +371,9 @@ def is_codex(jsonl_path: Path) -> bool:
 
 def write(out_dir: Path = OUT_DIR) -> list[Path]:
     recording = RECORDING.read_text()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, files in ((TURNS_NAME, build_bench_turns(recording)), (BURST_NAME, build_burst(recording))):
-        for suffix, text in ((".jsonl", files.jsonl), (".timing.tsv", files.timing), (".meta.json", files.meta)):
-            path = out_dir / (name + suffix)
-            path.write_text(text)
-            written.append(path)
-    return written
+    return write_files(out_dir, TURNS_NAME, build_bench_turns(recording)) + write_files(
+        out_dir, BURST_NAME, build_burst(recording)
+    )
 
 
 if __name__ == "__main__":

@@ -425,23 +425,22 @@ def fixture_path(name: str) -> Path:
     return OUT_DIR / f"{name}.jsonl"
 
 
-def write(out_dir: Path = OUT_DIR) -> list[Path]:
-    recording = RECORDING.read_text()
+def write_files(out_dir: Path, name: str, files: FixtureFiles) -> list[Path]:
+    """Write a fixture's three files (``name`` + .jsonl, .timing.tsv, .meta.json)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, files in (
-        (TURNS_NAME, build_bench_turns(recording)),
-        (BURST_NAME, build_burst(recording)),
-    ):
-        for suffix, text in (
-            (".jsonl", files.jsonl),
-            (".timing.tsv", files.timing),
-            (".meta.json", files.meta),
-        ):
-            path = out_dir / (name + suffix)
-            path.write_text(text)
-            written.append(path)
+    for suffix, text in ((".jsonl", files.jsonl), (".timing.tsv", files.timing), (".meta.json", files.meta)):
+        path = out_dir / (name + suffix)
+        path.write_text(text)
+        written.append(path)
     return written
+
+
+def write(out_dir: Path = OUT_DIR) -> list[Path]:
+    recording = RECORDING.read_text()
+    return write_files(out_dir, TURNS_NAME, build_bench_turns(recording)) + write_files(
+        out_dir, BURST_NAME, build_burst(recording)
+    )
 
 
 if __name__ == "__main__":

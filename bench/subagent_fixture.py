@@ -54,6 +54,7 @@ from bench.fixture import (
     _schedule,
     _split,
     _TurnWriter,
+    write_files,
 )
 from bench.recording import Json, Recording, Templates, event_type
 
@@ -254,13 +255,7 @@ def build_subagent_turns(
 
 def write(out_dir: Path = OUT_DIR) -> list[Path]:
     files = build_subagent_turns(RECORDING.read_text(), SUBAGENT_RECORDING.read_text())
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for suffix, text in ((".jsonl", files.jsonl), (".timing.tsv", files.timing), (".meta.json", files.meta)):
-        path = out_dir / (SUBAGENTS_NAME + suffix)
-        path.write_text(text)
-        written.append(path)
-    return written
+    return write_files(out_dir, SUBAGENTS_NAME, files)
 
 
 if __name__ == "__main__":
