@@ -32,6 +32,9 @@ FLAGS = (
     "--mute-audio",
 )
 
+# What a long task is made of: tasks, script calls, style, layout, paint, garbage collection.
+TRACE_CATEGORIES = "devtools.timeline,disabled-by-default-devtools.timeline,v8,blink.user_timing"
+
 
 def chromium_missing() -> str | None:
     """Why Chromium cannot be driven here, or None when it can."""
@@ -46,9 +49,11 @@ def chromium_missing() -> str | None:
 
 
 @contextmanager
-def open_browser(width: int = 1280, height: int = 860, *, dark: bool = False) -> Iterator[Any]:
+def open_browser(width: int = 1280, height: int = 860, *, dark: bool = False, trace: bool = False) -> Iterator[Any]:
     """A headless Chromium with a fresh, empty profile, quit (and its profile removed) at exit.
-    ``dark`` asks pages for the dark colour scheme (prefers-color-scheme)."""
+    ``dark`` asks pages for the dark colour scheme (prefers-color-scheme). ``trace``: the
+    renderer's timeline trace events (`TRACE_CATEGORIES`) come with ``get_log("performance")``,
+    each call handing over those since the last."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -59,7 +64,11 @@ def open_browser(width: int = 1280, height: int = 860, *, dark: bool = False) ->
         options.add_argument(flag)
     if dark:
         options.add_argument("--blink-settings=preferredColorScheme=0")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL", **({"performance": "ALL"} if trace else {})})
+    if trace:
+        options.add_experimental_option(
+            "perfLoggingPrefs", {"enableNetwork": False, "enablePage": False, "traceCategories": TRACE_CATEGORIES}
+        )
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     try:
         yield driver

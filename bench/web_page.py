@@ -2,7 +2,7 @@
 
     python -m bench.web_page --db /tmp/t3d-2700.sqlite --out bench-out/web
         [--runs 5] [--streams 50] [--stream-s 60] [--memory-s 600] [--sample-s 30] [--switch-s 60]
-        [--pin DAEMON_CPUS:BROWSER_CPUS]
+        [--pin DAEMON_CPUS:BROWSER_CPUS] [--trace]
     python -m bench.web_page --screenshots docs/web
 
 It starts ``t3d serve`` on a copy of ``--db`` (``python -m bench gen-db`` writes one of 2,700
@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 import trio
 
-from bench import actors
+from bench import actors, long_tasks
 from bench.chromium import chromium_missing, open_browser
 from bench.client import HttpClient, RpcConnection
 from bench.daemon import RunningDaemon, StateDir, open_daemon, prepare_state
@@ -151,7 +151,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     summary: dict[str, Any] = {"db": args.db, "streams": args.streams, "pin": args.pin}
     daemon_cpus, browser_cpus = _cpus(args.pin)
     async with open_daemon(state, fixture_path(TURNS_FIXTURE), {}, out / "daemon.log", cpus=daemon_cpus) as daemon:
-        with pinned_browser(browser_cpus, daemon_cpus) as driver:
+        with pinned_browser(browser_cpus, daemon_cpus, trace=args.trace) as driver:
             browser = Browser(driver)
             await browser.cdp("Performance.enable")
             page = await sign_in(browser, daemon)
@@ -166,8 +166,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 await browser.js("location.hash = '#/t/' + arguments[0]", sessions[0].thread_id)
                 await browser.until("return document.querySelector('.turn')", "a streaming turn")
                 await browser.js("window.__t3d.longTasks.length = 0")
+                if args.trace:  # the trace holds the whole session: its window starts at this mark
+                    await browser.js(f"performance.mark('{long_tasks.WINDOW_MARK}')")
                 await trio.sleep(args.stream_s)
                 tasks = await browser.js("return window.__t3d.longTasks")
+                if args.trace:
+                    summary["long_task_trace"] = await traced_long_tasks(browser, out)
                 turns = sum(1 for s in sessions for t in s.turns if t.end is not None)
                 summary["long_tasks"] = {
                     "window_s": args.stream_s,
@@ -205,6 +209,23 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
+async def traced_long_tasks(browser: Browser, out: Path) -> list[str]:
+    """The trace events, saved whole (trace.json, for chrome://tracing or Perfetto), and the
+    parts of each long task since the window began (bench/long_tasks.py), printed.
+    Chromedriver hands the trace over once, at the first ``get_log``."""
+    entries = await browser.call(browser.driver.get_log, "performance")
+    events = []
+    for entry in entries:
+        message = orjson.loads(entry["message"])["message"]
+        if message.get("method") == "Tracing.dataCollected":
+            events.append(message["params"])
+    (out / "trace.json").write_bytes(orjson.dumps({"traceEvents": events}))
+    lines = long_tasks.report(events)
+    for line in lines:
+        print(f"trace: {line}", file=sys.stderr)
+    return lines
+
+
 def _cpus(pin: str | None) -> tuple[str | None, str | None]:
     if not pin:
         return None, None
@@ -223,17 +244,17 @@ def _cpu_set(cpus: str) -> set[int]:
 
 
 @contextmanager
-def pinned_browser(browser: str | None, rest: str | None) -> Iterator[Any]:
+def pinned_browser(browser: str | None, rest: str | None, *, trace: bool = False) -> Iterator[Any]:
     """A browser whose processes run on ``browser``'s CPUs (they keep the affinity of the
     thread that started them); this thread then goes back to ``rest``'s."""
     with ExitStack() as stack:
         if browser is None:
-            yield stack.enter_context(open_browser())
+            yield stack.enter_context(open_browser(trace=trace))
             return
         before = os.sched_getaffinity(0)
         os.sched_setaffinity(0, _cpu_set(browser))
         try:
-            driver = stack.enter_context(open_browser())
+            driver = stack.enter_context(open_browser(trace=trace))
         finally:
             os.sched_setaffinity(0, _cpu_set(rest) if rest else before)
         yield driver
@@ -328,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=30, help="seconds between memory samples (default 30)")
     parser.add_argument("--switch-s", type=float, default=60, help="seconds between changes of the open thread (default 60)")
     parser.add_argument("--pin", metavar="DAEMON:BROWSER", help="CPUs for the daemon (and this driver) and for Chromium, e.g. 0:1 (default: shared)")
+    parser.add_argument("--trace", action="store_true", help="trace the renderer while the long tasks are watched: trace.json, and what each long task ran")
     parser.add_argument("--screenshots", metavar="DIR", help="write the docs' screenshots into DIR instead")
     args = parser.parse_args(argv)
     missing = chromium_missing()
