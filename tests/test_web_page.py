@@ -385,3 +385,40 @@ async def test_a_cut_result_is_fetched_on_demand_and_older_turns_load(tmp_path: 
             await wait_turn(page, 1, "completed")
             await page.wait_js("return document.querySelector('button.older').hidden", what="no more older turns")
         daemon.stop()
+
+
+async def test_a_subagent_is_reached_from_its_parents_call_and_links_back(tmp_path: Path, nursery: trio.Nursery, driver: Any) -> None:
+    """The real CLI's subagent recording: the parent's Agent call links to the subagent's
+    thread; that thread's view says whose subagent it is (a link back to the parent) and shows
+    the subagent's own prompt; its row in the list says "subagent"."""
+    from test_replay_recordings import project_dir, read_recording
+    from test_subagent_threads import SUBAGENT
+
+    with trio.fail_after(120):
+        project = project_dir(tmp_path)
+        daemon = await start_daemon(nursery, tmp_path / "state", replay_fixture=str(SUBAGENT))
+        (recorded,) = read_recording(SUBAGENT, project)
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project, title="Parent of a subagent")
+            outcome = await run_turn(client, thread_id, recorded.prompt or "go")
+            assert outcome.turn["status"] == "completed"
+        [call] = [i for i in outcome.items if (i.get("data") or {}).get("child_thread_id")]
+        child_id = call["data"]["child_thread_id"]
+        async with signed_in(driver, daemon) as page:
+            await open_thread(page, thread_id)
+            link = await page.css(".tool-item .subagent-link")
+            assert await page.js("return arguments[0].getAttribute('href')", link) == f"#/t/{child_id}"
+            await page.run(link.click)
+            await page.wait_js("return !document.querySelector('.thread-parent').hidden", what="the subagent's thread")
+            assert "Subagent of Parent of a subagent" in await page.text_of(".thread-parent")
+            await page.wait_js("return document.querySelector('.msg.user')", what="the subagent's prompt")
+            assert recorded_prompt_start(call) in await page.text_of(".msg.user")
+            assert "subagent" in await page.text_of(f'.row-link[data-id="{child_id}"] .row-meta')
+            await page.click(".thread-parent a")
+            await page.wait_js(f"return location.hash === '#/t/{thread_id}' && document.querySelector('.thread-parent').hidden", what="back on the parent")
+        daemon.stop()
+
+
+def recorded_prompt_start(call: dict[str, Any]) -> str:
+    """The first words of the prompt the parent gave its subagent (the child's first item)."""
+    return str(call["data"]["input"]["prompt"]).split("\n")[0][:40]

@@ -335,7 +335,8 @@ export class ThreadList {
     row._time.dateTime = typeof when === "number" ? new Date(when * 1000).toISOString() : "";
     row._time.title = absoluteTime(when);
     const project = this.projects.get(t.project_id);
-    row._meta.textContent = `${projectName(project)} · ${t.provider} · ${t.archived_at ? "archived" : statusText(t.status, t.queue_reason)}`;
+    const kind = t.parent_thread_id ? "subagent · " : "";
+    row._meta.textContent = `${kind}${projectName(project)} · ${t.provider} · ${t.archived_at ? "archived" : statusText(t.status, t.queue_reason)}`;
   }
 
   _summarize(shown) {

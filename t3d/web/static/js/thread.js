@@ -92,6 +92,9 @@ export class ThreadView {
   _buildFrame(s) {
     this.title = h("h2", { id: "thread-title", tabindex: "-1" }, s.thread ? threadTitle(s.thread) : "Loading…");
     this.meta = h("p", { class: "thread-meta" });
+    // A subagent's thread names the thread whose agent started it (issue 22's tree).
+    this.parentLink = h("a", { class: "parent-link" });
+    this.parentLine = h("p", { class: "thread-parent", hidden: true }, "Subagent of ", this.parentLink);
     this.interruptButton = h("button", { type: "button", onclick: () => this.interrupt(), title: "Stop the running turn (it ends interrupted); queued turns are cancelled" }, "Interrupt");
     this.forceButton = h("button", { type: "button", class: "danger", onclick: () => this.forceStop(), title: "Kill the thread's agent process (its running turn ends cancelled)" }, "Force stop");
     this.backButton = h("a", { class: "back button-like", href: "#/" }, "← Threads");
@@ -99,7 +102,7 @@ export class ThreadView {
       "header",
       { class: "thread-head" },
       this.backButton,
-      h("div", { class: "thread-heading" }, this.title, this.meta),
+      h("div", { class: "thread-heading" }, this.title, this.meta, this.parentLine),
       h("div", { class: "thread-actions", role: "group", "aria-label": "Thread controls" }, this.interruptButton, this.forceButton),
     );
     this.olderButton = h("button", { type: "button", class: "small older", hidden: true, onclick: () => this.loadOlder() }, "Load older turns");
@@ -371,6 +374,14 @@ export class ThreadView {
     if (queued) parts.push(`${queued} queued turn${queued === 1 ? "" : "s"}`);
     put(this.meta, parts.join(" · "));
     this.meta.dataset.status = t ? t.status : "";
+    const parentId = t && t.parent_thread_id;
+    this.parentLine.hidden = !parentId;
+    if (parentId) {
+      const parent = this.list.threads.get(parentId);
+      const href = `#/t/${encodeURIComponent(parentId)}`;
+      if (this.parentLink.getAttribute("href") !== href) this.parentLink.setAttribute("href", href);
+      put(this.parentLink, parent ? threadTitle(parent) : `thread ${parentId.slice(0, 8)}`);
+    }
     this.interruptButton.disabled = !(running || queued);
     this.forceButton.disabled = !t || s.gone;
     this.sendButton.disabled = !t || s.gone || !!t.archived_at;
@@ -625,7 +636,8 @@ function renderTool(s, el, item) {
       if (details.open) toolBody.call(this, el, el._item);
     });
     el._details = details;
-    el.append(details);
+    el._child = h("a", { class: "subagent-link", hidden: true });
+    el.append(details, el._child);
   });
   el._item = item;
   const cls = `item tool-item st-${item.status}`;
@@ -634,6 +646,15 @@ function renderTool(s, el, item) {
   put(el._name, item.title || data.name || (item.kind === "command" ? "Command" : "Tool"));
   put(el._arg, shorten(toolArgument(data) || data.command || item.text || "", 120));
   put(el._status, item.status === "failed" || data.is_error ? "failed" : item.status);
+  // A call that started a subagent links to the subagent's own thread (the call's status
+  // is the subagent's: it runs until the subagent's result comes).
+  const child = data.child_thread_id;
+  el._child.hidden = !child;
+  if (child) {
+    const href = `#/t/${encodeURIComponent(child)}`;
+    if (el._child.getAttribute("href") !== href) el._child.setAttribute("href", href);
+    put(el._child, "Open the subagent's thread →");
+  }
   if (el._details.open) toolBody.call(this, el, item);
 }
 
