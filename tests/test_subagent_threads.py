@@ -160,6 +160,56 @@ async def test_a_subagent_is_a_child_thread_of_its_turn(tmp_path: Path, nursery:
         daemon.stop()
 
 
+def two_at_once(path: Path) -> Path:
+    """The one-subagent recording made into a turn whose agent starts two subagents in one
+    message and whose subagents' lines interleave, as parallel Agent calls stream: the second
+    call is the first's lines with new ids and its own description, its content block the
+    next index; both prompts, then the subagents' own lines alternately, then both results."""
+    raws = SUBAGENT.read_text(encoding="utf-8").splitlines()
+    lines: list[Json] = [json.loads(raw.removeprefix(">>> ")) for raw in raws]
+    start = next(i for i, o in enumerate(lines) if o.get("event", {}).get("content_block", {}).get("name") == "Agent")
+    agent = lines[start]["event"]["content_block"]["id"]
+    task = next(o["task_id"] for o in lines if o.get("subtype") == "task_started")
+    tool = next(b["id"] for o in lines if o.get("parent_tool_use_id") == agent and o.get("type") == "assistant" for b in o["message"]["content"])
+    message = next(o["message"]["id"] for o in lines if o.get("parent_tool_use_id") == agent and o.get("type") == "assistant")
+    end = next(i for i, o in enumerate(lines) if o.get("type") == "user" and not o.get("parent_tool_use_id") and i > start)
+    stop = next(i for i in range(start, end) if lines[i].get("event", {}).get("type") == "content_block_stop")
+    prelude, rest = raws[start : stop + 1], raws[stop + 1 : end]
+    prompt = [r for r in rest if json.loads(r).get("parent_tool_use_id") == agent and '"tool_result"' not in r and json.loads(r)["type"] == "user"]
+    parent = [r for r in rest if r not in prompt and json.loads(r).get("type") == "stream_event"]  # the message's end
+    own = [r for r in rest if r not in prompt and r not in parent]
+
+    def second(raw: str) -> str:
+        for old in (agent, task, tool, message):
+            raw = raw.replace(old, old + "b")
+        return raw.replace("Read the notes", "Read the notes again").replace('"index":1', '"index":2')
+
+    alternate = [r for pair in zip(own, map(second, own), strict=True) for r in pair]
+    out = [*raws[:start], *prelude, *map(second, prelude), *prompt, *map(second, prompt), *parent, *alternate, raws[end], second(raws[end]), *raws[end + 1 :]]
+    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+    return path
+
+
+async def test_two_subagents_at_once_stay_apart(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """Two subagents started in one message, their lines interleaved: two child threads, each
+    with only its own prompt, text and Read call, each completed by its own call's result; the
+    parent's turn keeps its own texts and both calls."""
+    recording = two_at_once(tmp_path / "two-at-once.jsonl")
+    with trio.fail_after(40):
+        daemon, project = await replay(tmp_path, nursery, recording)
+        (recorded,) = read_recording(recording, project)
+        subs = recorded_subagents(recording, project)
+        assert len(subs) == 2 and all(sub.tools and sub.result for sub in subs.values())  # as described
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project)
+            outcome = await run_turn(client, thread_id, recorded.prompt or "go")
+            assert outcome.turn["status"] == "completed"
+            check_turn(outcome, recorded, {})
+            snapshots = await check_tree(client, outcome.turn, outcome.items, subs)
+            assert len({s["thread"]["id"] for s in snapshots.values()}) == 2
+        daemon.stop()
+
+
 async def test_nested_subagents_nest(tmp_path: Path, nursery: trio.Nursery) -> None:
     """A subagent that starts a subagent (claude-2.1.197_subagent_nested): the inner one is a
     child of the middle one (2.1.197 streams only the inner one's task lines, so it shows its
@@ -345,9 +395,11 @@ async def test_interrupting_the_parent_ends_its_open_subagent(tmp_path: Path, nu
 
 
 async def test_force_stopping_the_parent_ends_its_subagent_and_restart_keeps_the_tree(tmp_path: Path, nursery: trio.Nursery) -> None:
-    """thread.force_stop of the parent while its subagent waits on a prompt ends the parent's
-    turn cancelled (force_stop) and the child's turn with it, its prompt cancelled; a daemon
-    started again on the same database still shows the child as a finished child of its parent."""
+    """thread.force_stop of the subagent's own thread is refused (it runs inside the parent's
+    agent), naming the thread to stop instead, and stops nothing; thread.force_stop of the
+    parent while its subagent waits on a prompt ends the parent's turn cancelled (force_stop)
+    and the child's turn with it, its prompt cancelled; a daemon started again on the same
+    database still shows the child as a finished child of its parent."""
     with trio.fail_after(60):
         daemon, project = await replay(tmp_path, nursery, PERMISSION)
         (recorded,) = read_recording(PERMISSION, project)
@@ -359,6 +411,10 @@ async def test_force_stopping_the_parent_ends_its_subagent_and_restart_keeps_the
                 pending = (await client.call("requests.pending"))["requests"]
                 await trio.sleep(0.05)
             child_id = pending[0]["thread_id"]
+            with pytest.raises(RpcFailed) as refused:
+                await client.call("thread.force_stop", thread_id=child_id)
+            assert refused.value.code == -32002 and f"force stop thread {thread_id!r}" in str(refused.value.message)
+            assert (await client.call("requests.pending"))["requests"] == pending  # nothing was stopped
             stopped = await client.call("thread.force_stop", thread_id=thread_id)
             assert stopped["turn_id"] == started["turn_id"]
             snapshot = await client.call("thread.snapshot", thread_id=thread_id, children=True)

@@ -390,7 +390,8 @@ async def test_a_cut_result_is_fetched_on_demand_and_older_turns_load(tmp_path: 
 async def test_a_subagent_is_reached_from_its_parents_call_and_links_back(tmp_path: Path, nursery: trio.Nursery, driver: Any) -> None:
     """The real CLI's subagent recording: the parent's Agent call links to the subagent's
     thread; that thread's view says whose subagent it is (a link back to the parent) and shows
-    the subagent's own prompt; its row in the list says "subagent"."""
+    the subagent's own prompt, with Interrupt, Force stop and Send disabled (its parent's agent
+    runs it: the hint says so); its row in the list says "subagent"."""
     from test_replay_recordings import project_dir, read_recording
     from test_subagent_threads import SUBAGENT
 
@@ -414,6 +415,9 @@ async def test_a_subagent_is_reached_from_its_parents_call_and_links_back(tmp_pa
             await page.wait_js("return document.querySelector('.msg.user')", what="the subagent's prompt")
             assert recorded_prompt_start(call) in await page.text_of(".msg.user")
             assert "subagent" in await page.text_of(f'.row-link[data-id="{child_id}"] .row-meta')
+            controls = "return ['.thread-actions button', '.composer button[type=submit]'].flatMap(q => [...document.querySelectorAll(q)]).map(b => b.disabled)"
+            assert await page.js(controls) == [True, True, True]  # its parent's agent runs it
+            assert "its parent's agent runs it" in await page.text_of("#composer-hint")
             await page.click(".thread-parent a")
             await page.wait_js(f"return location.hash === '#/t/{thread_id}' && document.querySelector('.thread-parent').hidden", what="back on the parent")
         daemon.stop()

@@ -31,7 +31,13 @@ from t3d.api.jsonrpc import (
     RpcError,
 )
 from t3d.domain import commands as c
-from t3d.domain.model import ACTIVE_TURN_STATUSES, DECISIONS, DELIVERIES, RUNNABLE_PROVIDERS
+from t3d.domain.model import (
+    ACTIVE_TURN_STATUSES,
+    DECISIONS,
+    DELIVERIES,
+    MAX_SUBAGENT_DEPTH,
+    RUNNABLE_PROVIDERS,
+)
 from t3d.errors import DomainError
 from t3d.live.reads import BaseReader
 from t3d.live.waiters import RequestWaiters, Waiter, WaitersFull
@@ -334,6 +340,13 @@ class Methods:
         if self._force_stop is None:
             raise RpcError(DOMAIN_CODES["conflict"], "this server runs no agents; nothing to force stop")
         snapshot = await self._store.snapshot(thread_id, turn_limit=1)
+        if snapshot is not None and snapshot["thread"].get("subagent"):
+            top = await self._agent_thread(snapshot["thread"])
+            raise RpcError(
+                DOMAIN_CODES["conflict"],
+                f"thread {thread_id!r} is a subagent: it runs inside the agent of thread {top!r}, so it "
+                f"cannot be stopped alone; force stop thread {top!r} (that ends its subagents' turns too)",
+            )
         running = [t["id"] for t in (snapshot or {}).get("turns", ()) if t["status"] in ACTIVE_TURN_STATUSES]
         try:
             result = await self._force_stop(thread_id)
@@ -343,6 +356,19 @@ class Methods:
             raise RpcError(DOMAIN_CODES["conflict"], f"thread {thread_id!r} has no running agent and no running turn; nothing to stop")
         # The turn that was running when asked (it ends cancelled), or None: the agent was idle.
         return {**result, "turn_id": running[0] if running else None}
+
+    async def _agent_thread(self, thread: dict[str, Any]) -> str:
+        """The thread whose agent runs subagent ``thread``: its top parent (bounded by the
+        nesting the domain allows)."""
+        for _ in range(MAX_SUBAGENT_DEPTH + 1):
+            parent_id = thread.get("parent_thread_id")
+            if not thread.get("subagent") or parent_id is None:
+                break
+            parent = await self._store.thread(parent_id)
+            if parent is None:
+                return str(parent_id)
+            thread = parent
+        return str(thread["id"])
 
     async def request_respond(self, p: Params) -> Any:
         request_id = p.str("request_id", max_len=200)

@@ -382,10 +382,14 @@ export class ThreadView {
       if (this.parentLink.getAttribute("href") !== href) this.parentLink.setAttribute("href", href);
       put(this.parentLink, parent ? threadTitle(parent) : `thread ${parentId.slice(0, 8)}`);
     }
-    this.interruptButton.disabled = !(running || queued);
-    this.forceButton.disabled = !t || s.gone;
-    this.sendButton.disabled = !t || s.gone || !!t.archived_at;
-    put(this.hint, t && t.archived_at
+    // A subagent runs inside its parent's agent: only the parent's turn can be stopped.
+    const subagent = !!(t && t.subagent);
+    this.interruptButton.disabled = subagent || !(running || queued);
+    this.forceButton.disabled = subagent || !t || s.gone;
+    this.sendButton.disabled = subagent || !t || s.gone || !!t.archived_at;
+    put(this.hint, subagent
+      ? "A subagent's thread takes no turns of its own: its parent's agent runs it. Interrupt or message the parent thread."
+      : t && t.archived_at
       ? "This thread is archived; it takes no new turns."
       : running
         ? "A turn is running: a new message waits as a queued turn until it ends."
