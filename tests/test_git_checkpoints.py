@@ -125,9 +125,10 @@ async def test_captures_and_baselines_never_change_head_index_or_branches_in_sha
     assert (head, index, branches) == (before[0], before[2], before[3]) and status == "M notes.txt"
 
 
-async def test_steady_turns_cost_two_git_processes_and_an_edit_three(tmp_path: Path) -> None:
-    """After the first turn, a turn that changes nothing costs 2 git processes (add, write-tree)
-    and one that edits a file 3 (plus the numstat); baselines cost none."""
+async def test_steady_turns_cost_one_git_process_and_an_edit_four(tmp_path: Path) -> None:
+    """After the first turn, a turn that changes nothing costs 1 git process (status: the
+    tree is the last capture's) and one that edits a file 4 (status, update-index,
+    write-tree, numstat); baselines cost none."""
     project = make_repo(tmp_path / "repo")
     with trio.fail_after(30):
         async with open_checkpoints(tmp_path) as cps:
@@ -142,7 +143,7 @@ async def test_steady_turns_cost_two_git_processes_and_an_edit_three(tmp_path: P
             await cps.ensure_baseline("t", 3, str(project))
             await cps.capture(capture("t", 3, project))
             edited = cps.git.processes - start
-    assert (steady, edited) == (2, 3)
+    assert (steady, edited) == (1, 4)
 
 
 # --- pure planning --------------------------------------------------------------------------

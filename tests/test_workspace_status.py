@@ -119,10 +119,10 @@ async def test_a_watching_shell_gets_each_thread_s_status_and_an_edit_moves_it(t
         daemon.stop()
 
 
-async def test_a_steady_turn_costs_two_git_processes_and_idle_watching_costs_none(tmp_path: Path, nursery: trio.Nursery) -> None:
+async def test_a_steady_turn_costs_one_git_process_and_idle_watching_costs_none(tmp_path: Path, nursery: trio.Nursery) -> None:
     """With a shell and a thread subscription watching: a turn that edits a file costs its
-    checkpoint's 3 git processes and one git status; a turn that changes no file costs the
-    checkpoint's 2 and no status (its capture's tree is the last one seen there); idle, the
+    checkpoint's 4 git processes and one git status; a turn that changes no file costs the
+    checkpoint's 1 and no status (its capture's tree is the last one seen there); idle, the
     looks at the watched workspace start no git process at all."""
     project = make_repo(tmp_path / "repo")
     with trio.fail_after(90):
@@ -142,10 +142,10 @@ async def test_a_steady_turn_costs_two_git_processes_and_idle_watching_costs_non
 
             await turn(READ, 1)  # the first capture there: a tree not seen before
             status_git = (await stats(daemon))["git_processes"]
-            assert await turn(EDIT, 2) == 4
+            assert await turn(EDIT, 2) == 5
             assert (await stats(daemon))["git_processes"] - status_git == 1
             refreshes = (await stats(daemon))["refreshes"]
-            assert await turn("Now run BASH to create a file", 3) == 2  # the fake runs no command
+            assert await turn("Now run BASH to create a file", 3) == 1  # the fake runs no command
             assert (await stats(daemon))["refreshes"] == refreshes
 
             idle = await git_processes(daemon)

@@ -10,11 +10,22 @@ files included, ignored ones not) under a hidden ref, never on a branch:
   cannot be one: it was taken in another worktree (the thread moved) or the files were
   reverted since (then it is the restored checkpoint's commit).
 
-A capture runs ``git add -A`` then ``git write-tree`` with ``GIT_INDEX_FILE`` set to the
-thread's checkpoint index (in the state dir), so HEAD, the repository's index and its
-branches are never touched, and .gitignore applies as it does for ``git add``. The
-commit and the ref are written in-process (`repo.py`) or, in an unusual repository, by
-``git commit-tree`` and ``git update-ref``. A ref is created, never replaced: a late
+A capture works on the worktree's own checkpoint index (``GIT_INDEX_FILE``, in the state
+dir), so HEAD, the repository's index and its branches are never touched. It asks
+``git status`` (`CAPTURE_STATUS`) what differs from that index: status uses git's caches
+(the index's stat data, the untracked cache, fsmonitor where configured) where
+``git add`` re-reads every directory. Exactly the paths it names go to
+``git update-index --add --remove`` (`UPDATE_INDEX`), then ``git write-tree``; when it
+names none, the tree is the one the last capture wrote (kept beside the index). The same
+exclusion rules apply as for ``git add -A``: ignored files are never captured, tracked
+ones are kept even when ignored; a nested repository is a gitlink (one without a commit is
+left out, where ``git add -A`` fails). The checkpoint index is a split index
+(``core.splitIndex``: its shared part is a ``sharedindex.*`` file in the repository's git
+dir, which git expires), so each write is small. ``git add -A -- .`` is the fallback: a
+repository without a commit (status would list every file as added), a status past
+`CAPTURE_STATUS_CAP`, or an index git cannot read (then made again from the
+repository's). The commit and the ref are written in-process (`repo.py`) or, in an
+unusual repository, by ``git commit-tree`` and ``git update-ref``. A ref is created, never replaced: a late
 capture keeps what is there. The commit message names the worktree it was taken in, so
 a diff or a revert can refuse to mix worktrees.
 """
@@ -70,14 +81,28 @@ def worktree_of(message: str) -> str | None:
 
 
 def git_env(index_file: str | None) -> dict[str, str]:
-    env = {"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0"}
+    """git's environment. On t3d's own index (``index_file``) optional locks are allowed, so
+    ``git status`` keeps what it refreshed (stat data, the untracked cache) for the next
+    capture; on the repository's index they are not, so t3d never makes the user's git fail."""
+    env = {"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0" if index_file is None else "1"}
     if index_file is not None:
         env["GIT_INDEX_FILE"] = index_file
     return env
 
 
-ADD_ALL = ("git", "add", "-A", "--", ".")
-WRITE_TREE = ("git", "write-tree")
+# Every command writing the checkpoint index keeps it split, with an untracked cache for
+# ``--untracked-files=all`` (a cache made for one mode is not used by the other).
+INDEX_CONFIG = ("-c", "core.splitIndex=true", "-c", "core.untrackedCache=true", "-c", "status.showUntrackedFiles=all")
+ADD_ALL = ("git", *INDEX_CONFIG, "add", "-A", "--", ".")
+WRITE_TREE = ("git", *INDEX_CONFIG, "write-tree")
+CAPTURE_STATUS = (
+    "git", *INDEX_CONFIG, "status", "--porcelain=v2", "-z", "--untracked-files=all", "--no-renames",
+    "--ignore-submodules=dirty",
+)  # fmt: skip
+UPDATE_INDEX = ("git", *INDEX_CONFIG, "update-index", "--add", "--remove", "--replace", "-z", "--stdin")
+# Status output kept for a capture; past it (an index far from HEAD) the capture runs
+# ``git add -A`` instead.
+CAPTURE_STATUS_CAP = 4 * 1024 * 1024
 
 
 def numstat_argv(a: str, b: str) -> tuple[str, ...]:
@@ -180,6 +205,57 @@ def parse_name_status(out: bytes) -> tuple[list[str], list[str]]:
         elif status:
             restore.append(path)
     return restore, delete
+
+
+@attrs.frozen
+class Changes:
+    """What ``git status`` (`CAPTURE_STATUS`) says differs between the worktree and the
+    checkpoint index: the paths to update (changed, deleted, untracked, unmerged) and the
+    untracked nested repositories among them (a gitlink if it has a commit)."""
+
+    paths: tuple[bytes, ...]
+    nested: tuple[bytes, ...]
+
+
+def parse_capture_status(out: bytes) -> Changes:
+    """``git status --porcelain=v2 -z --untracked-files=all``: ``1 XY ... PATH`` (changed,
+    Y is the worktree side), ``2 XY ... PATH\0ORIG`` (renamed: not asked for, taken
+    anyway), ``u XY ... PATH`` (unmerged), ``? PATH`` (untracked; ``DIR/`` for a nested
+    repository). Entries changed only against HEAD (Y ``.``) need nothing."""
+    fields = out.split(b"\0")
+    paths: list[bytes] = []
+    nested: list[bytes] = []
+    i = 0
+    while i < len(fields):
+        record = fields[i]
+        i += 1
+        kind = record[:2]
+        if kind == b"1 ":
+            parts = record.split(b" ", 8)
+            if len(parts) == 9 and parts[1][1:2] != b".":
+                paths.append(parts[8])
+        elif kind == b"2 ":
+            parts = record.split(b" ", 9)
+            if len(parts) == 10:
+                paths.append(parts[9])
+            if i < len(fields):
+                paths.append(fields[i])
+            i += 1
+        elif kind == b"u ":
+            parts = record.split(b" ", 10)
+            if len(parts) == 11:
+                paths.append(parts[10])
+        elif kind == b"? ":
+            path = record[2:]
+            if path.endswith(b"/"):
+                nested.append(path.rstrip(b"/"))
+            elif path:
+                paths.append(path)
+    return Changes(tuple(paths), tuple(nested))
+
+
+def update_index_stdin(paths: list[bytes]) -> bytes:
+    return b"".join(p + b"\0" for p in paths)
 
 
 def checkout_stdin(paths: list[str]) -> bytes:
