@@ -13,18 +13,24 @@ For each untracked-cache setting of the repository ("off": the index has none, a
   spawner's git pool (no optional locks), parsed;
 - t3d's look when nothing changed (the steady case: stat calls on a worker thread, no
   process);
-- a checkpoint capture (``Checkpoints.capture``: ``git add -A`` and ``write-tree`` on
-  the checkpoint index, the commit and ref written in-process, ``git diff --numstat``),
-  and a steady one right after it (nothing changed since: the turn that edited nothing).
+- a checkpoint capture (``Checkpoints.capture``: ``git status`` on the checkpoint index,
+  ``update-index`` of the paths it names and ``write-tree``, the commit and ref written
+  in-process, ``git diff --numstat``), and a steady one right after it (nothing changed
+  since: the turn that edited nothing);
+- the same capture the way it was before (A/B in the same rounds): ``git add -A -- .``
+  and ``write-tree`` on an index of its own (not split, no untracked cache), then the
+  numstat; and its steady one.
 
-The order of the three timed commands alternates between rounds. Reported: the p50 of
-each, and the refresh and the capture as multiples of ``git status``'s p50 (the goal is
-at most 1.5x). With ``--out FILE`` the samples are written as JSON too.
+The order of the timed steps alternates between rounds (status and refresh; the two
+captures). Reported: the p50 of each, and the refresh and the captures as multiples of
+``git status``'s p50 (the goal is at most 1.5x). With ``--out FILE`` the samples are
+written as JSON too.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import subprocess
@@ -39,6 +45,7 @@ import trio
 from bench.stats import percentile, ratio
 from t3d.config import Settings
 from t3d.domain.events import CaptureCheckpoint
+from t3d.git import checkpoints as plan
 from t3d.git import status as st
 from t3d.git.refs import GitRunner
 from t3d.git.service import Checkpoints
@@ -97,6 +104,8 @@ def set_untracked_cache(repo: Path, on: bool) -> None:
     and no checkpoint refs (each capture then writes its own)."""
     _git(repo, "reset", "-q", "--hard")
     _drop_checkpoint_refs(repo)
+    for shared in (repo / ".git").glob("sharedindex.*"):  # the last run's checkpoint indexes'
+        shared.unlink()
     if on:
         _git(repo, "config", "core.untrackedCache", "true")
         _git(repo, "update-index", "--untracked-cache")
@@ -113,7 +122,10 @@ def _plain_status(repo: Path) -> float:
 
 
 async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
-    samples: dict[str, list[float]] = {"git_status": [], "refresh": [], "steady_look": [], "capture": [], "steady_capture": []}
+    samples: dict[str, list[float]] = {
+        "git_status": [], "refresh": [], "steady_look": [], "capture": [], "steady_capture": [],
+        "add_all_capture": [], "add_all_steady_capture": [],
+    }  # fmt: skip
     capture_git: list[int] = []
     settings = Settings(state_dir=state_dir)
 
@@ -152,7 +164,24 @@ async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
             capture_git.append(checkpoints.git.processes - before)
             return took
 
+        add_all_index = str(state_dir / "add-all-index")
+        shutil.copyfile(repo / ".git" / "index", add_all_index)
+        add_all_tree = ""
+
+        async def add_all_capture() -> float:
+            """The capture before status named the paths: add -A, write-tree, the numstat."""
+            nonlocal add_all_tree
+            started = time.perf_counter()
+            await runner.run(("git", "add", "-A", "--", "."), cwd=str(repo), index_file=add_all_index)
+            out = await runner.run(("git", "write-tree"), cwd=str(repo), index_file=add_all_index)
+            tree = out.stdout.decode().strip()
+            if add_all_tree and tree != add_all_tree:
+                await runner.run(plan.numstat_argv(add_all_tree, tree), cwd=str(repo), read_only=True)
+            add_all_tree = tree
+            return time.perf_counter() - started
+
         await capture(0)  # the first capture seeds the checkpoint index from the repository's
+        await add_all_capture()
         await refresh()
         for n in range(runs):
             path = _file(repo, n * 7919 % max(1, _count(repo)))
@@ -160,8 +189,11 @@ async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
             steps = [("git_status", plain_status), ("refresh", refresh)]
             for name, step in steps if n % 2 == 0 else reversed(steps):
                 samples[name].append(await step())
-            samples["capture"].append(await capture(2 * n + 1))
+            captures = [("capture", functools.partial(capture, 2 * n + 1)), ("add_all_capture", add_all_capture)]
+            for name, take in captures if n % 2 == 0 else reversed(captures):
+                samples[name].append(await take())
             samples["steady_capture"].append(await capture(2 * n + 2))
+            samples["add_all_steady_capture"].append(await add_all_capture())
             look = await trio.to_thread.run_sync(st.look, str(repo))
             started = time.perf_counter()
             assert await trio.to_thread.run_sync(st.unchanged, look)
@@ -173,6 +205,8 @@ async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
         "refresh_vs_git_status": ratio(p50["refresh"], p50["git_status"]),
         "capture_vs_git_status": ratio(p50["capture"], p50["git_status"]),
         "steady_capture_vs_git_status": ratio(p50["steady_capture"], p50["git_status"]),
+        "add_all_capture_vs_git_status": ratio(p50["add_all_capture"], p50["git_status"]),
+        "add_all_steady_capture_vs_git_status": ratio(p50["add_all_steady_capture"], p50["git_status"]),
         "git_processes_per_capture": capture_git,
         "samples_s": samples,
     }
@@ -202,6 +236,8 @@ def command(args: argparse.Namespace) -> int:
             f"checkpoint capture p50 {p50['capture']:.3f} s ({result['capture_vs_git_status']:.2f}x, "
             f"{max(result['git_processes_per_capture'])} git processes), steady {p50['steady_capture']:.3f} s "
             f"({result['steady_capture_vs_git_status']:.2f}x) | "
+            f"before (add -A): capture {p50['add_all_capture']:.3f} s ({result['add_all_capture_vs_git_status']:.2f}x), "
+            f"steady {p50['add_all_steady_capture']:.3f} s ({result['add_all_steady_capture_vs_git_status']:.2f}x) | "
             f"steady look p50 {p50['steady_look'] * 1e6:.0f} us, no process"
         )
     _git(repo, "reset", "-q", "--hard")

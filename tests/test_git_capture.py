@@ -106,6 +106,20 @@ async def test_every_capture_records_what_git_add_all_records(tmp_path: Path) ->
     assert git(project, "rev-parse", "HEAD") == head and (project / ".git" / "index").read_bytes() == index
 
 
+def rewrite_the_old_way(index_dir: Path, project: Path) -> Path:
+    """Replace the checkpoint index with one the previous capture wrote: a copy of the
+    repository's index, then ``git add -A`` and ``write-tree`` (no split, no tree file)."""
+    (index,) = [p for p in index_dir.iterdir() if not p.name.endswith(".tree")]
+    for side in index_dir.iterdir():
+        side.unlink()
+    shutil.copyfile(project / ".git" / "index", index)
+    env = {**GIT_ENV, "GIT_INDEX_FILE": str(index)}
+    subprocess.run(["git", "add", "-A", "--", "."], cwd=project, env=env, check=True)
+    subprocess.run(["git", "write-tree"], cwd=project, env=env, check=True, capture_output=True)
+    assert b"link" not in index.read_bytes(), "not split"
+    return index
+
+
 async def test_an_index_an_older_capture_wrote_goes_on_from_where_it_was(tmp_path: Path) -> None:
     """An index written by the previous way of capturing (``git add -A`` and ``write-tree``,
     not split, no untracked cache) is used as it is: the next capture, after edits, records
@@ -115,13 +129,7 @@ async def test_an_index_an_older_capture_wrote_goes_on_from_where_it_was(tmp_pat
         async with open_checkpoints(tmp_path) as cps:
             write(project / "first.txt", "first\n")
             await captured_tree(cps, project, 0)  # finds the index's path; then it is rewritten the old way
-            (index,) = [p for p in Path(cps._index_dir).iterdir() if not p.name.endswith(".tree")]
-            for side in Path(cps._index_dir).iterdir():
-                side.unlink()
-            shutil.copyfile(project / ".git" / "index", index)
-            env = {**GIT_ENV, "GIT_INDEX_FILE": str(index)}
-            subprocess.run(["git", "add", "-A", "--", "."], cwd=project, env=env, check=True)
-            subprocess.run(["git", "write-tree"], cwd=project, env=env, check=True, capture_output=True)
+            index = rewrite_the_old_way(Path(cps._index_dir), project)
             write(project / "first.txt", "edited\n")
             write(project / "second" / "file.txt", "second\n")
             (project / "notes.txt").unlink()
