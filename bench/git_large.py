@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +190,10 @@ async def measure(repo: Path, runs: int, state_dir: Path) -> dict[str, Any]:
             steps = [("git_status", plain_status), ("refresh", refresh)]
             for name, step in steps if n % 2 == 0 else reversed(steps):
                 samples[name].append(await step())
-            captures = [("capture", functools.partial(capture, 2 * n + 1)), ("add_all_capture", add_all_capture)]
+            captures: list[tuple[str, Callable[[], Awaitable[float]]]] = [
+                ("capture", functools.partial(capture, 2 * n + 1)),
+                ("add_all_capture", add_all_capture),
+            ]
             for name, take in captures if n % 2 == 0 else reversed(captures):
                 samples[name].append(await take())
             samples["steady_capture"].append(await capture(2 * n + 2))

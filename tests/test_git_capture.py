@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import trio
 from git_support import GIT_ENV, git, make_repo
 from test_git_checkpoints import capture, open_checkpoints
@@ -63,6 +64,7 @@ STEPS = [
     ("an edit and a new file", lambda p: (write(p / "notes.txt", "edited\n"), write(p / "new.txt", "new\n"))),
     ("files in new directories", lambda p: (write(p / "deep" / "er" / "a.txt", "a\n"), write(p / "deep" / "b.txt", "b\n"))),
     ("a deletion", lambda p: (p / "new.txt").unlink()),
+    ("a rename", lambda p: (p / "deep" / "b.txt").rename(p / "deep" / "er" / "renamed.txt")),
     ("ignored files", lambda p: (write(p / "debug.log", "ignored\n"), write(p / "build" / "out.o", "ignored\n"))),
     ("a file becomes a directory", swap_file_for_directory),
     ("a directory becomes a file", swap_directory_for_file),
@@ -89,7 +91,7 @@ async def test_every_capture_records_what_git_add_all_records(tmp_path: Path) ->
     head, index = git(project, "rev-parse", "HEAD"), (project / ".git" / "index").read_bytes()
     with trio.fail_after(120):
         async with open_checkpoints(tmp_path) as cps:
-            await captured_tree(cps, project, 0)
+            assert await captured_tree(cps, project, 0) == reference_tree(project, tmp_path), "the first capture"
             for ordinal, (what, step) in enumerate(STEPS, start=1):
                 step(project)
                 mine = await captured_tree(cps, project, ordinal)
@@ -192,6 +194,32 @@ async def test_a_steady_capture_after_gc_packed_its_tree_asks_write_tree(tmp_pat
             before = cps.git.processes
             assert await captured_tree(cps, project, 2) == first
             assert cps.git.processes - before == 3
+
+
+async def test_a_repository_without_an_index_file_is_captured(tmp_path: Path) -> None:
+    """A repository with a commit but no index file (nothing to seed from): the first
+    capture records the worktree's files as ``git add -A`` does."""
+    project = make_repo(tmp_path / "repo")
+    write(project / "new.txt", "new\n")
+    (project / ".git" / "index").unlink()
+    with trio.fail_after(60):
+        async with open_checkpoints(tmp_path) as cps:
+            assert await captured_tree(cps, project, 1) == reference_tree(project, tmp_path)
+
+
+async def test_a_status_past_its_cap_falls_back_to_adding_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When status says more than `CAPTURE_STATUS_CAP` (an index far from HEAD), the capture
+    adds all files instead (status, add, write-tree) and records the same tree."""
+    project = make_repo(tmp_path / "repo")
+    with trio.fail_after(60):
+        async with open_checkpoints(tmp_path) as cps:
+            await captured_tree(cps, project, 1)
+            monkeypatch.setattr(plan, "CAPTURE_STATUS_CAP", 16)
+            for n in range(5):
+                write(project / f"file-{n}.txt", f"{n}\n")
+            before = cps.git.processes
+            assert await captured_tree(cps, project, 2) == reference_tree(project, tmp_path)
+            assert cps.git.processes - before == 4  # status, add -A, write-tree, numstat
 
 
 def test_capture_status_parsing_names_the_paths_to_update() -> None:
