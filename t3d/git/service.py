@@ -24,7 +24,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,8 +36,8 @@ from t3d.domain import commands as c
 from t3d.domain.events import CaptureCheckpoint
 from t3d.domain.model import Checkpoint
 from t3d.errors import DomainError, GitError
+from t3d.git import capture_index, repo
 from t3d.git import checkpoints as plan
-from t3d.git import repo
 from t3d.git.refs import GitRunner, Refs, refs_for
 from t3d.git.repo import RepoInfo
 from t3d.spawn.child import Spawner
@@ -109,13 +108,13 @@ class Checkpoints:
         """The worktree's files (untracked included, ignored not) as a tree, through the
         worktree's own checkpoint index: HEAD, the index and branches are not touched."""
         index = self._index_file(info)
-        unborn = await trio.to_thread.run_sync(_seed_index, info, index)
+        unborn = await trio.to_thread.run_sync(capture_index.seed_index, info, index)
         try:
             tree = await (self._add_all(info, index) if unborn else self._capture_changes(info, index))
         except GitError as exc:  # e.g. its shared index was expired: start again from the repository's
             log.warning("%s: the checkpoint index was made again (%s)", info.worktree, exc)
-            await trio.to_thread.run_sync(_drop_index, index)
-            await trio.to_thread.run_sync(_seed_index, info, index)
+            await trio.to_thread.run_sync(capture_index.drop_index, index)
+            await trio.to_thread.run_sync(capture_index.seed_index, info, index)
             tree = await self._add_all(info, index)
         if self.on_tree is not None:
             self.on_tree(info.worktree, tree)
@@ -128,23 +127,23 @@ class Checkpoints:
         )
         if out.truncated:
             return await self._add_all(info, index)
-        paths, last = await trio.to_thread.run_sync(_changed_paths, info, index, out.stdout)
+        paths, last = await trio.to_thread.run_sync(capture_index.changed_paths, info, index, out.stdout)
         if not paths and last is not None:
             return last  # nothing changed since the last capture wrote it
-        await trio.to_thread.run_sync(_forget_tree, index)
+        await trio.to_thread.run_sync(capture_index.forget_tree, index)
         if paths:
             await self.git.run(plan.UPDATE_INDEX, cwd=info.worktree, index_file=index, stdin=plan.update_index_stdin(paths))
         return await self._write_tree(info, index)
 
     async def _add_all(self, info: RepoInfo, index: str) -> str:
-        await trio.to_thread.run_sync(_forget_tree, index)
+        await trio.to_thread.run_sync(capture_index.forget_tree, index)
         await self.git.run(plan.ADD_ALL, cwd=info.worktree, index_file=index)
         return await self._write_tree(info, index)
 
     async def _write_tree(self, info: RepoInfo, index: str) -> str:
         result = await self.git.run(plan.WRITE_TREE, cwd=info.worktree, index_file=index)
         tree = result.stdout.decode().strip()
-        await trio.to_thread.run_sync(_remember_tree, index, tree)
+        await trio.to_thread.run_sync(capture_index.remember_tree, index, tree)
         return tree
 
     async def _worktree_of(self, refs: Refs, oid: str) -> str | None:
@@ -384,73 +383,3 @@ def _delete_files(worktree: str, paths: list[str]) -> None:
                 break
             parent = os.path.dirname(parent)
 
-
-# --- the checkpoint index's files (blocking: on a worker thread) ------------------------------
-#
-# ``<index>.tree`` holds the tree the last ``write-tree`` made from the index; it is removed
-# before anything changes the index's entries and written after ``write-tree``, so it is
-# never stale (``git status`` rewrites the index only for stat data and its caches).
-
-
-def _seed_index(info: RepoInfo, index: str) -> bool:
-    """First use: start from the repository's index (its stat data). Whether HEAD is
-    unborn (then status would list every file as added: the capture adds all instead)."""
-    if not os.path.exists(index):
-        os.makedirs(os.path.dirname(index), exist_ok=True)
-        _forget_tree(index)
-        real = os.path.join(info.git_dir, "index")
-        if os.path.exists(real):
-            shutil.copyfile(real, index)
-    if info.unusual is not None:
-        return False  # git's status answers whatever HEAD is
-    try:
-        return repo.read_head(info) is None
-    except GitError:
-        return False  # git says what is wrong with HEAD
-
-
-def _drop_index(index: str) -> None:
-    _forget_tree(index)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(index)
-
-
-def _forget_tree(index: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(index + ".tree")
-
-
-def _remember_tree(index: str, tree: str) -> None:
-    tmp = f"{index}.tree.{os.getpid()}"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(tree + "\n")
-    os.replace(tmp, index + ".tree")
-
-
-def _last_tree(info: RepoInfo, index: str) -> str | None:
-    """The tree the last capture wrote, if it is known and still a loose object (a tree
-    packed or pruned since is left to ``write-tree``, which checks)."""
-    try:
-        with open(index + ".tree", encoding="ascii", errors="replace") as f:
-            tree = f.read(200).strip()
-    except FileNotFoundError:
-        return None
-    if len(tree) != info.hex_len or not all(c in "0123456789abcdef" for c in tree) or info.unusual is not None:
-        return None
-    return tree if os.path.exists(os.path.join(info.common_dir, "objects", tree[:2], tree[2:])) else None
-
-
-def _changed_paths(info: RepoInfo, index: str, status: bytes) -> tuple[list[bytes], str | None]:
-    """The paths status named to update (a nested repository only if it has a commit: git
-    cannot record one without), and the last tree."""
-    changes = plan.parse_capture_status(status)
-    paths = list(changes.paths)
-    for nested in changes.nested:
-        try:
-            inner = repo.discover(os.path.join(info.worktree, os.fsdecode(nested)))
-            keep = inner is None or inner.unusual is not None or repo.read_head(inner) is not None
-        except (GitError, OSError):
-            keep = True  # git says what it is
-        if keep:
-            paths.append(nested)
-    return paths, _last_tree(info, index)
