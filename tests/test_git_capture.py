@@ -7,6 +7,7 @@ older capture wrote, in a repository without a commit, and after git lost its sh
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 from pathlib import Path
@@ -243,3 +244,57 @@ def test_capture_status_parsing_names_the_paths_to_update() -> None:
     assert changes.paths == (b"edited file.txt", b"gone\nnewline", b"to.txt", b"from.txt", b"both.txt", "new dir/ü.txt".encode())
     assert changes.nested == (b"nested",)
     assert plan.parse_capture_status(b"") == plan.Changes((), ())
+
+
+NAMES = ["a", "b", "ü", "sp ace", "x.log", "build", "new\nline"]
+
+
+def random_step(project: Path, rng: random.Random) -> str:
+    """One random change under ``project``: write, delete, swap a file and a directory,
+    symlink, chmod; names include ignored ones (``*.log``, ``build/``) and odd characters."""
+    depth = rng.randint(1, 3)
+    rel = Path(*(rng.choice(NAMES) for _ in range(depth)))
+    path = project / rel
+    files = sorted(p for p in project.rglob("*") if ".git" not in p.parts and (p.is_file() or p.is_symlink()))
+    op = rng.choice(["write", "write", "write", "delete", "rmtree", "symlink", "chmod"])
+    if op in ("delete", "chmod") and files:
+        target = rng.choice(files)
+        if op == "delete":
+            target.unlink()
+        elif not target.is_symlink():
+            target.chmod(target.stat().st_mode ^ 0o100)
+        return f"{op} {target.relative_to(project)}"
+    if op == "rmtree":
+        dirs = [p for p in project.iterdir() if p.is_dir() and p.name != ".git" and not p.is_symlink()]
+        if dirs:
+            shutil.rmtree(rng.choice(dirs))
+            return "rmtree"
+    for parent in [*reversed(rel.parents)][1:]:  # a file where a directory must go: swapped
+        where = project / parent
+        if where.is_symlink() or where.is_file():
+            where.unlink()
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.is_symlink() or path.exists():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if op == "symlink":
+        os.symlink(rng.choice(NAMES), path)
+    else:
+        path.write_text(f"{rng.random()}\n")
+    return f"{op} {rel}"
+
+
+async def test_a_random_walk_of_edits_captures_what_git_add_all_does(tmp_path: Path) -> None:
+    """A seeded random walk of writes, deletions, file/directory swaps, symlinks and mode
+    changes (ignored names and odd characters among them): after each batch the capture's
+    tree equals ``git add -A``'s on a fresh copy of the repository's index."""
+    project = make_repo(tmp_path / "repo", files={"seed.txt": "seed\n", ".gitignore": "*.log\nbuild/\n"})
+    rng = random.Random(23)
+    with trio.fail_after(240):
+        async with open_checkpoints(tmp_path) as cps:
+            for ordinal in range(1, 26):
+                done = await trio.to_thread.run_sync(lambda: [random_step(project, rng) for _ in range(rng.randint(1, 4))])
+                mine = await captured_tree(cps, project, ordinal)
+                expected = await trio.to_thread.run_sync(reference_tree, project, tmp_path)
+                assert mine == expected, f"after {done}: {git(project, 'diff', '--stat', expected, mine)}"
