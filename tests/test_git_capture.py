@@ -182,6 +182,25 @@ async def test_a_lost_shared_index_makes_the_checkpoint_index_again(tmp_path: Pa
             assert cps.git.processes - before == 1
 
 
+def leave_a_stale_lock(index_dir: Path) -> None:
+    (index,) = [p for p in index_dir.iterdir() if not p.name.endswith(".tree")]
+    Path(f"{index}.lock").write_bytes(b"")
+
+
+async def test_a_lock_a_killed_git_left_on_the_checkpoint_index_is_cleared(tmp_path: Path) -> None:
+    """A stale ``<index>.lock`` (a git killed while writing the checkpoint index) fails the
+    update once; the capture makes the index again without it and records the right tree."""
+    project = make_repo(tmp_path / "repo")
+    with trio.fail_after(60):
+        async with open_checkpoints(tmp_path) as cps:
+            await captured_tree(cps, project, 1)
+            leave_a_stale_lock(Path(cps._index_dir))
+            write(project / "a.txt", "a\n")
+            assert await captured_tree(cps, project, 2) == reference_tree(project, tmp_path)
+            write(project / "b.txt", "b\n")
+            assert await captured_tree(cps, project, 3) == reference_tree(project, tmp_path)
+
+
 async def test_a_steady_capture_after_gc_packed_its_tree_asks_write_tree(tmp_path: Path) -> None:
     """The tree a steady capture reuses must still be a loose object: after ``git gc``
     packed it, the capture runs ``write-tree`` and gets the same tree (3 processes: status,

@@ -37,9 +37,12 @@ def seed_index(info: RepoInfo, index: str) -> bool:
 
 
 def drop_index(index: str) -> None:
+    """Forget the index (it is made again from the repository's), and a lock a killed git
+    left on it: the caller holds the worktree's lock, so no git of t3d's is writing it."""
     forget_tree(index)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(index)
+    for path in (index, index + ".lock"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def forget_tree(index: str) -> None:
