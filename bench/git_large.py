@@ -239,7 +239,7 @@ def command(args: argparse.Namespace) -> int:
             f"t3d status refresh p50 {p50['refresh']:.3f} s ({result['refresh_vs_git_status']:.2f}x) | "
             f"checkpoint capture p50 {p50['capture']:.3f} s ({result['capture_vs_git_status']:.2f}x, "
             f"{max(result['git_processes_per_capture'])} git processes), steady {p50['steady_capture']:.3f} s "
-            f"({result['steady_capture_vs_git_status']:.2f}x) | "
+            f"({result['steady_capture_vs_git_status']:.2f}x, {min(result['git_processes_per_capture'])}) | "
             f"before (add -A): capture {p50['add_all_capture']:.3f} s ({result['add_all_capture_vs_git_status']:.2f}x), "
             f"steady {p50['add_all_steady_capture']:.3f} s ({result['add_all_steady_capture_vs_git_status']:.2f}x) | "
             f"steady look p50 {p50['steady_look'] * 1e6:.0f} us, no process"
