@@ -317,3 +317,23 @@ async def test_a_random_walk_of_edits_captures_what_git_add_all_does(tmp_path: P
                 mine = await captured_tree(cps, project, ordinal)
                 expected = await trio.to_thread.run_sync(reference_tree, project, tmp_path)
                 assert mine == expected, f"after {done}: {git(project, 'diff', '--stat', expected, mine)}"
+
+
+async def test_sha256_and_unusual_repositories_capture_the_same_files(tmp_path: Path) -> None:
+    """In a SHA-256 repository the steady capture reuses its 64-digit tree (1 process); an
+    unusual one (alternates: refs and objects are git's) is captured through git alone;
+    both record what ``git add -A`` does."""
+    sha256 = make_repo(tmp_path / "sha256", object_format="sha256")
+    unusual = make_repo(tmp_path / "unusual")
+    write(unusual / ".git" / "objects" / "info" / "alternates", "")
+    with trio.fail_after(60):
+        async with open_checkpoints(tmp_path) as cps:
+            for project in (sha256, unusual):
+                write(project / "dir" / "new.txt", "new\n")
+                (project / "notes.txt").unlink()
+                assert await captured_tree(cps, project, 1) == reference_tree(project, tmp_path)
+            before = cps.git.processes
+            assert len(await captured_tree(cps, sha256, 2)) == 64
+            assert cps.git.processes - before == 1
+            write(unusual / "dir" / "new.txt", "edited\n")
+            assert await captured_tree(cps, unusual, 2) == reference_tree(unusual, tmp_path)
