@@ -23,9 +23,11 @@ left out, where ``git add -A`` fails). The checkpoint index is a split index
 (``core.splitIndex``: its shared part is a ``sharedindex.*`` file in the repository's git
 dir, which git expires), so each write is small. ``git add -A -- .`` is the fallback: a
 repository without a commit (status would list every file as added), a status past
-`CAPTURE_STATUS_CAP`, or an index git cannot read (then made again from the
-repository's). The commit and the ref are written in-process (`repo.py`) or, in an
-unusual repository, by ``git commit-tree`` and ``git update-ref``. A ref is created, never replaced: a late
+`CAPTURE_STATUS_CAP`, or any git failure on the index (it is then made again from the
+repository's: an expired shared index, a stale lock). The untracked cache is used on
+t3d's own index whatever the repository's setting (as the workspace status does). The
+commit and the ref are written in-process (`repo.py`) or, in an unusual repository, by
+``git commit-tree`` and ``git update-ref``. A ref is created, never replaced: a late
 capture keeps what is there. The commit message names the worktree it was taken in, so
 a diff or a revert can refuse to mix worktrees.
 """
