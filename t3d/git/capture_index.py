@@ -76,11 +76,17 @@ def changed_paths(info: RepoInfo, index: str, status: bytes) -> tuple[list[bytes
     changes = plan.parse_capture_status(status)
     paths = list(changes.paths)
     for nested in changes.nested:
+        path = os.path.join(info.worktree, os.fsdecode(nested))
         try:
-            inner = repo.discover(os.path.join(info.worktree, os.fsdecode(nested)))
-            keep = inner is None or inner.unusual is not None or repo.read_head(inner) is not None
+            inner = repo.discover(path)
+            empty = (
+                inner is not None
+                and inner.unusual is None
+                and os.path.realpath(inner.worktree) == os.path.realpath(path)
+                and repo.read_head(inner) is None
+            )
         except (GitError, OSError):
-            keep = True  # git says what it is
-        if keep:
+            empty = False  # git says what it is
+        if not empty:
             paths.append(nested)
     return paths, last_tree(info, index)
