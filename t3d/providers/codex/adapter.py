@@ -128,6 +128,9 @@ class TurnMapper:
         # the turn ends failed with this error whatever Codex reports.
         self.fail_with: tuple[str, str] | None = None
         self.last_error: str | None = None
+        # Codex threads of the agents this turn's agent spawned -> their child threads
+        # (collab.py): its collab calls naming them link to the children.
+        self.agents: dict[str, str] = {}
         self._retry_key: str | None = None
         self.retrying = False
 
@@ -266,8 +269,25 @@ class TurnMapper:
             "error": t.error,
             "codex": _extra(t.raw, _TOOL_SHOWN),
         }
+        if t.type == "collabAgentToolCall":
+            self._link_agents(t.raw, data)
         item = self._item(t.id, "tool_call", status=status, title=t.name, data=data)
         return ItemChanged(item, final=final)
+
+    def _link_agents(self, raw: JsonObject, data: JsonDict) -> None:
+        """A collab call naming agents of this turn links to their child threads
+        (``child_thread_id``, the first; ``child_thread_ids``, all) and shows the first
+        one's status as Codex last reported it (``child_status``)."""
+        receivers = [r for r in raw.get("receiverThreadIds") or () if isinstance(r, str) and r in self.agents]
+        if not receivers:
+            return
+        data["child_thread_id"] = self.agents[receivers[0]]
+        if len(receivers) > 1:
+            data["child_thread_ids"] = [self.agents[r] for r in receivers]
+        states = raw.get("agentsStates")
+        state = states.get(receivers[0]) if isinstance(states, dict) else None
+        if isinstance(state, dict) and isinstance(state.get("status"), str):
+            data["child_status"] = state["status"]
 
     def _other(self, o: ce.OtherItem, final: bool) -> ItemChanged:
         """An item type this build does not know: shown by its type, kept whole in data."""

@@ -55,6 +55,7 @@ from t3d.providers.claude.session import SessionSpec
 from t3d.providers.coalesce import ItemCoalescer, Settling
 from t3d.providers.codex import events as ce
 from t3d.providers.codex.adapter import TurnMapper
+from t3d.providers.codex.collab import Collab
 from t3d.providers.codex.peer import CodexPeer
 from t3d.providers.codex.resume import ResumeAfterRestart
 from t3d.providers.log_limit import LogLimiter
@@ -103,6 +104,7 @@ class CodexSession(ResumeAfterRestart):
         self._items = ItemCoalescer(self._record_items, writes)
         # Item states a replay holds back until it is through (latest per item, in order).
         self._held: dict[str, TurnItem] = {}
+        self._collab = Collab(clock)  # the running turn's spawned agents (child threads)
         self._idle_since = math.inf
         self._retrying_since: float | None = None
         # Since when the running turn has waited for Codex (silence timeout).

@@ -19,6 +19,13 @@ Rules:
 - A stdout line over the line limit cannot be read, so its turn is stopped and fails
   saying so; a malformed line is skipped. Both are logged rate-limited (`LogLimiter`),
   and so are (at info) the server requests refused and the error answers nobody waits for.
+- An agent the turn's agent spawns (``collabAgentToolCall`` ``spawnAgent``) is a child
+  thread (`Collab`, collab.py): its Codex thread's events are items of the child's turn
+  and its approvals are asked there (answered to Codex like any other); its Codex turn's
+  end, or a collab item reporting it over, ends the child; an interrupt of the turn
+  interrupts its open agents too; children still open when the turn ends end with it.
+  A line of a Codex thread that is neither the session's nor an open agent's is dropped
+  and logged (an approval request of one is refused).
 - A turn in which Codex sends nothing for the silence timeout, with no approval
   pending, fails (``provider_silent``) and the process is stopped (`watch_silence`).
 - Streaming text is coalesced (`ItemCoalescer`). While output from before a restart is
@@ -35,7 +42,6 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
-import attrs
 import trio
 
 from t3d.domain import commands as c
@@ -51,6 +57,7 @@ from t3d.providers.codex.adapter import (
     TurnEnded,
     TurnMapper,
 )
+from t3d.providers.codex.collab import Child, Collab, closing
 from t3d.providers.codex.encode import (
     approval_result,
     encode_error,
@@ -88,6 +95,7 @@ class TurnDriver(AppServer):
     _quiet_since: float
     _warnings: LogLimiter
     _notes: LogLimiter
+    _collab: Collab
 
     # --- effects -----------------------------------------------------------------------
 
@@ -151,12 +159,13 @@ class TurnDriver(AppServer):
         peer = self._peer
         if turn.codex_turn_id is None or peer is None or peer.thread_id is None:
             return  # no process: its exit ends the turn
-        params = turn_interrupt_params(peer.thread_id, turn.codex_turn_id)
+        targets = [(peer.thread_id, turn.codex_turn_id), *self._collab.interrupting()]  # its agents too
         with trio.CancelScope(shield=True):
-            request_id = peer.calls.start("turn/interrupt")
+            request_ids = [peer.calls.start("turn/interrupt") for _ in targets]
             await self._tell_spawner(peer, peer.proc.turn_offset)  # the next daemon counts on from here
             # If the process is going away, its exit ends the turn.
-            await peer.notify(request_id, "turn/interrupt", params)
+            for request_id, (thread_id, codex_turn) in zip(request_ids, targets, strict=True):
+                await peer.notify(request_id, "turn/interrupt", turn_interrupt_params(thread_id, codex_turn))
 
     async def _steer(self, effect: ev.SteerProviderTurn) -> None:
         """``turn/steer`` into the running turn; a turn that ended (or that Codex has not
@@ -189,8 +198,9 @@ class TurnDriver(AppServer):
         peer = self._peer
         if request is None or peer is None:
             return
-        if effect.decision == "cancel" and self._turn is not None:
-            self._turn.interrupt_requested = True  # Codex interrupts the turn on cancel
+        asked = self._collab.asking(effect.request_id) or self._turn
+        if effect.decision == "cancel" and asked is not None:
+            asked.interrupt_requested = True  # Codex interrupts the (agent's) turn on cancel
         self._quiet_since = trio.current_time()
         result = approval_result(request, effect.decision, effect.message)
         await peer.send_quietly(encode_result(request.id, result))
@@ -259,6 +269,8 @@ class TurnDriver(AppServer):
         elif isinstance(event, ce.OtherServerRequest):
             self._notes.warning(f"refused Codex's {event.method} request")
             await self._auto_answer(peer, event.id, encode_error(event.id, f"t3d does not support {event.method!r}"), replaying)
+        elif not skipped and self._turn is not None and (child := self._collab.child_of(event)) is not None:
+            await self._feed(self._turn, event, replaying=replaying, child=child)
         elif isinstance(event, ce.ApprovalRequested) and not self._ours(event):
             # Nobody can be asked (no turn of ours runs): refuse rather than let Codex wait.
             await self._auto_answer(peer, event.id, encode_result(event.id, approval_result(event, "deny")), replaying)
@@ -267,6 +279,8 @@ class TurnDriver(AppServer):
                 log.debug("%s: Codex warns: %s", self._tag, event.message)
         elif self._turn is not None and self._ours(event):
             await self._feed(self._turn, event, replaying=replaying)
+        else:
+            self._stray(event)
 
     async def _auto_answer(self, peer: CodexPeer, request_id: ce.RequestId, line: bytes, replaying: bool) -> None:
         """Answer a request no user is asked; in a replay, once it is through (the previous
@@ -307,15 +321,56 @@ class TurnDriver(AppServer):
             return True
         return turn_id == turn.codex_turn_id
 
-    async def _feed(self, turn: TurnMapper, event: object, *, replaying: bool) -> None:
-        for change in turn.feed(event):
-            await self._apply(turn, change, replaying=replaying)
+    async def _feed(self, turn: TurnMapper, event: object, *, replaying: bool, child: Child | None = None) -> None:
+        """Map ``event`` of the turn's agent (or of the agent ``child``): the children a spawn
+        opens first (the call's item links to them), then its changes, then the ends of
+        the agents a collab item reports over."""
+        mapper = turn if child is None else child.mapper
+        await self._spawn(mapper, event)
+        for change in mapper.feed(event):
+            if child is not None and isinstance(change, TurnEnded):  # the agent's turn, not ours
+                await self._end_child(child, self._collab.finish(child, change))
+            else:
+                await self._apply(mapper, change, replaying=replaying)
             if self._turn is not turn:
                 return
+        for over, finish in self._collab.reported(event):
+            await self._end_child(over, finish)
+        if child is not None:
+            return
         if turn.retrying and self._retrying_since is None:
             self._retrying_since = trio.current_time()
         elif not turn.retrying:
             self._retrying_since = None
+
+    def _stray(self, event: object) -> None:
+        """A line of a Codex thread that is not the session's nor an open agent's: dropped."""
+        thread_id = getattr(event, "thread_id", "")
+        peer = self._peer
+        if not thread_id or peer is None or thread_id == peer.thread_id or self._collab.ended(thread_id):
+            return
+        turn = "no turn" if self._turn is None else f"turn {self._turn.turn_id}"
+        self._warnings.warning(f"a {type(event).__name__} line of Codex thread {thread_id!r}, no open agent of {turn}; dropped")
+
+    async def _spawn(self, mapper: TurnMapper, event: object) -> None:
+        children, why = self._collab.spawned(mapper, event)
+        for reason in why:
+            self._warnings.warning(reason)
+        for child in children:
+            await self._flush_held()
+            if not await self._commit_checked(child.command):  # refused (the parent's turn is over, say)
+                self._collab.refused(child)
+                self._warnings.warning(f"agent {child.codex_thread_id} was not opened as a thread; its lines are dropped")
+
+    async def _end_child(self, child: Child, finish: c.FinishTurn) -> None:
+        """The agent ``child`` is over: its items (and its own open agents') end, then its turn."""
+        gone = self._collab.close(child)
+        if not gone:
+            return  # over already (an ancestor's end closed it)
+        await self._flush_held()
+        for each in gone:
+            await self._close_items(each.mapper)
+        await self._commit(finish)
 
     async def _line_too_long(self, line: LineTooLong, *, replaying: bool) -> None:
         self._warnings.warning(str(line))
@@ -368,14 +423,12 @@ class TurnDriver(AppServer):
             self._done_turns.append(turn.codex_turn_id)
         if turn.usage_total is not None:
             self._usage_total = turn.usage_total
-        closing = tuple(
-            attrs.evolve(i, status="completed" if i.status == "streaming" else "failed", updated_at=self._clock())
-            for i in turn.open_items()
-            if i.kind != "approval_request"
-        )
-        self._items.forget(item.id for item in closing)
-        if closing:
-            await self._commit(c.RecordItems(turn.turn_id, closing))
+        for child in self._collab.open_children():  # the domain ends their turns with this one
+            if ended.status == "completed":
+                self._warnings.warning(f"agent {child.codex_thread_id} had not finished when turn {turn.turn_id} ended; its thread {child.thread_id} ends with the turn")
+            await self._close_items(child.mapper)
+        self._collab.reset()
+        await self._close_items(turn)
         await self._commit(c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, None))
         self._requests.clear()
         self._items.reset()
@@ -385,6 +438,12 @@ class TurnDriver(AppServer):
         if acked and peer is not None:
             await self._tell_spawner(peer, peer.proc.output.offset)
 
+    async def _close_items(self, mapper: TurnMapper) -> None:
+        items = closing(mapper, self._clock())
+        self._items.forget(item.id for item in items)
+        if items:
+            await self._commit(c.RecordItems(mapper.turn_id, items))
+
     # --- commits ---------------------------------------------------------------------------
 
     async def _flush_held(self) -> None:
@@ -393,13 +452,26 @@ class TurnDriver(AppServer):
         held, self._held = self._held, {}
         if turn is None or not held:
             return
-        items = tuple(held.values())
-        for start in range(0, len(items), HELD_BATCH):
-            await self._commit(c.RecordItems(turn.turn_id, items[start : start + HELD_BATCH]))
+        by_turn: dict[str, list[TurnItem]] = {}  # the turn's own, and its agents' turns'
+        for item in held.values():
+            by_turn.setdefault(item.turn_id, []).append(item)
+        for turn_id, items in by_turn.items():
+            for start in range(0, len(items), HELD_BATCH):
+                await self._commit(c.RecordItems(turn_id, tuple(items[start : start + HELD_BATCH])))
 
     async def _commit(self, command: c.Command) -> None:
         """Write after every pending streaming update (`ItemCoalescer.commit`)."""
         await self._items.commit(functools.partial(self._write, command))
+
+    async def _commit_checked(self, command: c.Command) -> bool:
+        """`_commit`, and whether the domain took it (False: refused)."""
+        taken: list[object] = []
+
+        async def write() -> None:
+            taken.append(await self._write(command))
+
+        await self._items.commit(write)
+        return taken[0] is not False
 
     async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
         await self._write(c.RecordItems(turn_id, items))
