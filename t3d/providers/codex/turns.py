@@ -350,7 +350,7 @@ class TurnDriver(AppServer):
         if not thread_id or peer is None or thread_id == peer.thread_id or self._collab.ended(thread_id):
             return
         turn = "no turn" if self._turn is None else f"turn {self._turn.turn_id}"
-        self._warnings.warning(f"a {type(event).__name__} line of Codex thread {thread_id!r}, no open agent of {turn}; dropped")
+        self._warnings.warning(f"Codex thread {thread_id!r} is no open agent of {turn}: its {type(event).__name__} line is dropped")
 
     async def _spawn(self, mapper: TurnMapper, event: object) -> None:
         children, why = self._collab.spawned(mapper, event)
@@ -474,7 +474,15 @@ class TurnDriver(AppServer):
         return taken[0] is not False
 
     async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
-        await self._write(c.RecordItems(turn_id, items))
+        """The coalescer's streaming states, each in its own turn: the turn's, or an agent's."""
+        if all(item.turn_id == turn_id for item in items):
+            await self._write(c.RecordItems(turn_id, items))
+            return
+        by_turn: dict[str, list[TurnItem]] = {}
+        for item in items:
+            by_turn.setdefault(item.turn_id, []).append(item)
+        for each, in_turn in by_turn.items():
+            await self._write(c.RecordItems(each, tuple(in_turn)))
 
 
 def _turn_of(result: object) -> str | None:
