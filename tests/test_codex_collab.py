@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 import trio
-from harness import TERMINAL, RpcClient, http, new_thread, open_client, run_turn, start_daemon, wait_until
+from harness import (
+    TERMINAL,
+    RpcClient,
+    http,
+    new_thread,
+    open_client,
+    run_turn,
+    start_daemon,
+    wait_until,
+)
 from test_codex_failures import fake_codex, project
 
 from t3d.providers.codex.collab import child_ids
