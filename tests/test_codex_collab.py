@@ -8,6 +8,7 @@ agent's own Codex thread on the same connection), as no recording of a collab ru
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from harness import (
     start_daemon,
     wait_until,
 )
+from served import alive, base_env, kill_leftovers, open_ws, provider_pids, serve
 from test_codex_failures import fake_codex, project
 
 from t3d.providers.codex.collab import child_ids
@@ -233,3 +235,54 @@ async def thread_ids(daemon: Any) -> list[str]:
     status, shell = await http(daemon, "GET", "/api/shell")
     assert status == 200, shell
     return [row["id"] for row in shell["threads"]]
+
+
+async def test_an_agent_waiting_on_approval_carries_on_across_a_daemon_restart(tmp_path: Path) -> None:
+    """A daemon stopped (SIGTERM) while a spawned agent waits on its approval leaves the
+    app-server running; the next daemon's replay names the same child (one child thread,
+    the same ids), the request is still pending on the child's turn, and answering it
+    reaches Codex (decision=accept) and completes the child and the parent."""
+    state = tmp_path / "state"
+    flags = ("--codex-bin", fake_codex(tmp_path, "collab-approval"), "--agent-reattach-window", "60", "--checkpoints", "off")
+    pids: list[int] = []
+    try:
+        with trio.fail_after(120):
+            async with serve(state, *flags, env=base_env()) as first:
+                async with open_ws(first) as client:
+                    thread_id = await new_thread(client, project(tmp_path), provider="codex")
+                    started = await client.call("turn.start", thread_id=thread_id, text="go")
+                    pending: list[Json] = []
+
+                    async def asked() -> bool:
+                        pending[:] = (await client.call("requests.pending"))["requests"]
+                        return bool(pending)
+
+                    await wait_until(asked)
+                    [request] = pending
+                pids = await provider_pids(first)
+                first.process.send_signal(signal.SIGTERM)
+                await first.process.wait()
+            child_thread, child_turn = child_ids(started["turn_id"], "call_spawn_1", AGENT)
+            assert request["turn_id"] == child_turn
+            assert all(alive(pid) for pid in pids), "the app-server died with its daemon"
+            async with serve(state, *flags, env=base_env()) as second:
+                assert "took over 1 agent(s)" in second.stderr_text()
+                async with open_ws(second) as client:
+                    pending = (await client.call("requests.pending"))["requests"]
+                    assert [(r["id"], r["turn_id"]) for r in pending] == [(request["id"], child_turn)]
+                    await client.call("request.respond", request_id=request["id"], decision="allow")
+                    await wait_until(lambda: turn_status(client, started["turn_id"], thread_id))
+                    parent = await snapshot(client, thread_id)
+                    assert parent["turns"][-1]["status"] == "completed", parent["turns"][-1]
+                    child = await snapshot(client, child_thread)
+                    assert child["turns"][0]["status"] == "completed"
+                    assert [i["text"] for i in child["items"] if i["kind"] == "assistant_message"] == ["agent: looking", "agent: decision=accept"]
+                assert sorted(await thread_ids(second)) == sorted([thread_id, child_thread])
+                assert sorted(await provider_pids(second)) == sorted(pids)  # taken over, not started anew
+    finally:
+        kill_leftovers(pids, state)
+
+
+async def turn_status(client: RpcClient, turn_id: str, thread_id: str) -> bool:
+    turns = (await snapshot(client, thread_id))["turns"]
+    return any(t["id"] == turn_id and t["status"] in TERMINAL for t in turns)
