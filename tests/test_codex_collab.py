@@ -7,8 +7,11 @@ agent's own Codex thread on the same connection), as no recording of a collab ru
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ from harness import (
     wait_until,
 )
 from served import alive, base_env, kill_leftovers, open_ws, provider_pids, serve
-from test_codex_failures import fake_codex, project
+from test_codex_failures import MISBEHAVING, fake_codex, project
 
 from t3d.providers.codex.collab import child_ids
 
@@ -286,3 +289,42 @@ async def test_an_agent_waiting_on_approval_carries_on_across_a_daemon_restart(t
 async def turn_status(client: RpcClient, turn_id: str, thread_id: str) -> bool:
     turns = (await snapshot(client, thread_id))["turns"]
     return any(t["id"] == turn_id and t["status"] in TERMINAL for t in turns)
+
+
+SCHEMA = Path("/work/shared/providers/fixtures/codex/schema-0.171.0")
+
+
+def test_the_fakes_collab_lines_follow_the_app_server_schema() -> None:
+    """The made-up lines of the fake's collab-nested run use only notification methods codex
+    0.171.0's schema has, and every collabAgentToolCall item has the schema's required
+    fields, no field it lacks, and only its tool, status and agent-status values."""
+    bundle = SCHEMA / "codex_app_server_protocol.v2.schemas.json"
+    if not bundle.exists():
+        pytest.skip(f"the Codex schema is not on this machine ({SCHEMA})")
+    defs = json.loads(bundle.read_text())["definitions"]
+    notifications = {v["properties"]["method"]["enum"][0] for v in json.loads((SCHEMA / "ServerNotification.json").read_text())["oneOf"]}
+    [item_schema] = [v for v in defs["ThreadItem"]["oneOf"] if v["title"] == "CollabAgentToolCallThreadItem"]
+    host = [
+        {"id": 1, "method": "initialize", "params": {}},
+        {"id": 2, "method": "thread/start", "params": {"cwd": "/"}},
+        {"id": 3, "method": "turn/start", "params": {"threadId": "t", "input": [{"type": "text", "text": "go"}]}},
+    ]
+    run = subprocess.run(
+        [sys.executable, str(MISBEHAVING), "--mode", "collab-nested", "app-server"],
+        input="".join(json.dumps(m) + "\n" for m in host), capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    lines = [json.loads(raw) for raw in run.stdout.splitlines()]
+    collab_items = []
+    for message in lines:
+        if "method" not in message:
+            continue
+        assert message["method"] in notifications, message["method"]
+        item = message["params"].get("item")
+        if isinstance(item, dict) and item["type"] == "collabAgentToolCall":
+            collab_items.append(item)
+    assert len(collab_items) == 6  # two spawns and a wait, each started and completed
+    for item in collab_items:
+        assert set(item_schema["required"]) <= set(item) <= set(item_schema["properties"]), item
+        assert item["tool"] in defs["CollabAgentTool"]["enum"]
+        assert item["status"] in defs["CollabAgentToolCallStatus"]["enum"]
+        assert all(s["status"] in defs["CollabAgentStatus"]["enum"] for s in item["agentsStates"].values())
