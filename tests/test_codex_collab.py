@@ -203,7 +203,9 @@ async def test_lines_of_an_unknown_codex_thread_are_dropped_and_its_approval_ref
             assert all(i["text"] != "ghost text" for i in outcome.items + child["items"])
         daemon.stop()
     warned = [r.getMessage() for r in caplog.records if GHOST in r.getMessage()]
-    assert warned and "is no open agent of turn" in warned[0] and "dropped" in warned[0], warned
+    assert warned and all("is no open agent of turn" in m for m in warned), warned
+    assert any("line is dropped (TextDelta)" in m for m in warned), warned
+    assert any("approval request is declined" in m for m in warned), warned
 
 
 async def test_interrupting_the_parent_interrupts_its_agent(tmp_path: Path, nursery: trio.Nursery) -> None:
@@ -328,3 +330,31 @@ def test_the_fakes_collab_lines_follow_the_app_server_schema() -> None:
         assert item["tool"] in defs["CollabAgentTool"]["enum"]
         assert item["status"] in defs["CollabAgentToolCallStatus"]["enum"]
         assert all(s["status"] in defs["CollabAgentStatus"]["enum"] for s in item["agentsStates"].values())
+
+
+async def test_force_stopping_the_parent_ends_its_waiting_agent(tmp_path: Path, nursery: trio.Nursery) -> None:
+    """thread.force_stop of the parent while its agent waits on an approval ends the parent's
+    turn cancelled (force_stop) and the child's turn with it, its request no longer pending;
+    the child stays a child of the parent."""
+    with trio.fail_after(60):
+        daemon = await collab_daemon(tmp_path, nursery, "collab-approval")
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="codex")
+            started = await client.call("turn.start", thread_id=thread_id, text="go")
+            pending: list[Json] = []
+
+            async def asked() -> bool:
+                pending[:] = (await client.call("requests.pending"))["requests"]
+                return bool(pending)
+
+            await wait_until(asked)
+            stopped = await client.call("thread.force_stop", thread_id=thread_id)
+            assert stopped["turn_id"] == started["turn_id"]
+            parent = await client.call("thread.snapshot", thread_id=thread_id, children=True)
+            assert (parent["turns"][-1]["status"], parent["turns"][-1]["reason"]) == ("cancelled", "force_stop")
+            child_thread, _ = child_ids(started["turn_id"], "call_spawn_1", AGENT)
+            assert [c["id"] for c in parent["children"]] == [child_thread]
+            child = await snapshot(client, child_thread)
+            assert (child["turns"][0]["status"], child["thread"]["status"]) == ("cancelled", "idle")
+            assert (await client.call("requests.pending"))["requests"] == []
+        daemon.stop()

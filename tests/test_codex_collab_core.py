@@ -196,3 +196,13 @@ def test_closing_ends_open_items_but_not_prompts() -> None:
         ("assistant_message", "completed", 2000.0),
         ("command", "failed", 2000.0),
     ]
+
+
+def test_a_sub_agent_activity_item_links_to_its_child() -> None:
+    """A subAgentActivity item naming a spawned agent (agentThreadId) links to its child."""
+    mapper, core = parent(), Collab(clock)
+    [child], _ = core.spawned(mapper, spawn())
+    item = {"type": "subAgentActivity", "id": "act_1", "agentThreadId": AGENT, "agentPath": "/root/a", "kind": "started"}
+    [changed] = mapper.feed(line("item/completed", threadId=PARENT, turnId="cx-1", item=item))
+    assert isinstance(changed, ItemChanged) and changed.item.data is not None
+    assert (changed.item.title, changed.item.data["child_thread_id"]) == ("subAgentActivity", child.thread_id)

@@ -300,6 +300,9 @@ class TurnMapper:
             "is_error": False,
             "codex": o.raw,
         }
+        agent = o.raw.get("agentThreadId") if o.type == "subAgentActivity" else None
+        if isinstance(agent, str) and agent in self.agents:  # what a spawned agent did: its child
+            data["child_thread_id"] = self.agents[agent]
         status: ItemStatus = "completed" if final else "running"
         item = self._item(o.id, "tool_call", status=status, title=title, data=data)
         return ItemChanged(item, final=final)

@@ -273,6 +273,7 @@ class TurnDriver(AppServer):
             await self._feed(self._turn, event, replaying=replaying, child=child)
         elif isinstance(event, ce.ApprovalRequested) and not self._ours(event):
             # Nobody can be asked (no turn of ours runs): refuse rather than let Codex wait.
+            self._stray(event, "approval request is declined")
             await self._auto_answer(peer, event.id, encode_result(event.id, approval_result(event, "deny")), replaying)
         elif skipped or isinstance(event, ce.WarningNotice | ce.Unknown | ce.OtherNotification | ce.ThreadStarted):
             if isinstance(event, ce.WarningNotice) and not skipped:
@@ -343,14 +344,14 @@ class TurnDriver(AppServer):
         elif not turn.retrying:
             self._retrying_since = None
 
-    def _stray(self, event: object) -> None:
+    def _stray(self, event: object, fate: str = "line is dropped") -> None:
         """A line of a Codex thread that is not the session's nor an open agent's: dropped."""
         thread_id = getattr(event, "thread_id", "")
         peer = self._peer
         if not thread_id or peer is None or thread_id == peer.thread_id or self._collab.ended(thread_id):
             return
         turn = "no turn" if self._turn is None else f"turn {self._turn.turn_id}"
-        self._warnings.warning(f"Codex thread {thread_id!r} is no open agent of {turn}: its {type(event).__name__} line is dropped")
+        self._warnings.warning(f"Codex thread {thread_id!r} is no open agent of {turn}: its {fate} ({type(event).__name__})")
 
     async def _spawn(self, mapper: TurnMapper, event: object) -> None:
         children, why = self._collab.spawned(mapper, event)
