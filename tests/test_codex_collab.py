@@ -56,14 +56,17 @@ def settled(items: list[Json]) -> bool:
     return all(i["status"] not in ("streaming", "running", "pending") for i in items)
 
 
-async def test_a_spawned_agent_is_a_child_thread_of_its_turn(tmp_path: Path, nursery: trio.Nursery) -> None:
+@pytest.mark.parametrize("mode", ["collab", "collab-early"])
+async def test_a_spawned_agent_is_a_child_thread_of_its_turn(tmp_path: Path, nursery: trio.Nursery, mode: str) -> None:
     """A spawnAgent call opens a child thread of the parent's thread (ids derived from the
     turn, the call and the agent's Codex thread; the prompt as its first item, the model in
     its title); the agent's messages and command are items of the child's turn, not the
-    parent's; the parent's spawn and wait items link to the child and show its status; the
-    agent's turn/completed completes the child; the next turn runs as usual."""
+    parent's, also when its first lines come before the spawn's item names it
+    (collab-early: held, then fed to the child); the parent's spawn and wait items link to
+    the child and show its status; the agent's turn/completed completes the child; the
+    next turn runs as usual."""
     with trio.fail_after(60):
-        daemon = await collab_daemon(tmp_path, nursery, "collab")
+        daemon = await collab_daemon(tmp_path, nursery, mode)
         async with open_client(daemon) as client:
             thread_id = await new_thread(client, project(tmp_path), provider="codex")
             outcome = await run_turn(client, thread_id, "go")
@@ -73,7 +76,8 @@ async def test_a_spawned_agent_is_a_child_thread_of_its_turn(tmp_path: Path, nur
             spawn = spawn_call(outcome.items)
             child_thread, child_turn = child_ids(outcome.turn["id"], "call_spawn_1", AGENT)
             assert spawn["data"]["child_thread_id"] == child_thread
-            assert (spawn["title"], spawn["status"], spawn["data"]["child_status"]) == ("spawnAgent", "completed", "pendingInit")
+            status = "running" if mode == "collab-early" else "pendingInit"
+            assert (spawn["title"], spawn["status"], spawn["data"]["child_status"]) == ("spawnAgent", "completed", status)
             wait = spawn_call(outcome.items, "call_wait_1")
             assert (wait["data"]["child_thread_id"], wait["data"]["child_status"]) == (child_thread, "completed")
             child = await snapshot(client, child_thread)
@@ -203,9 +207,9 @@ async def test_lines_of_an_unknown_codex_thread_are_dropped_and_its_approval_ref
             assert all(i["text"] != "ghost text" for i in outcome.items + child["items"])
         daemon.stop()
     warned = [r.getMessage() for r in caplog.records if GHOST in r.getMessage()]
-    assert warned and all("is no open agent of turn" in m for m in warned), warned
-    assert any("line is dropped (TextDelta)" in m for m in warned), warned
-    assert any("approval request is declined" in m for m in warned), warned
+    assert len(warned) == 2, warned
+    assert "is no open agent of turn" in warned[0] and "approval request is declined" in warned[0], warned
+    assert "is no agent of turn" in warned[1] and "3 line(s) of it were dropped" in warned[1], warned
 
 
 async def test_interrupting_the_parent_interrupts_its_agent(tmp_path: Path, nursery: trio.Nursery) -> None:

@@ -13,7 +13,13 @@ for the running turn:
   child), and a `TurnMapper` of its own, which maps the agent's events onto items of the
   child's turn like any turn's. The agent's first Codex turn is the child's turn; events
   of its later turns (``sendInput``, ``followupTask``) are not the child's;
-* the Codex threads of agents that ended in this turn, whose late lines are dropped.
+* the Codex threads of agents that ended in this turn, whose late lines are dropped;
+* the lines of Codex threads it does not know yet (`hold`): Codex starts the agent's turn
+  before it reports the spawn's end, so an agent's first lines may come before the
+  ``spawnAgent`` item that names it. They are fed to the child once a spawn names the
+  thread, in order; at the turn's end the ones no spawn named are dropped (the session
+  logs them, per thread). An approval request of such a thread is not held: it is
+  declined at once, so Codex never waits on it.
 
 An agent's own ``spawnAgent`` nests: its child's parent is the agent's child thread. The
 child ends when its Codex turn completes (as ``turn/completed`` says), or when a collab
@@ -23,7 +29,8 @@ still open when the turn ends end with it (the domain closes them, `decide`).
 
 Bounded: `MAX_CHILDREN` agents per turn and `MAX_SUBAGENT_DEPTH` levels; beyond them an
 agent is not opened and its lines are dropped like those of an unknown thread (the
-session logs it).
+session logs it). At most `HOLD_LINES` lines and `HOLD_BYTES` bytes are held per turn;
+beyond, a line of an unknown thread is dropped at once (counted with the others).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from t3d.providers.codex import events as ce
 from t3d.providers.codex.adapter import TurnEnded, TurnMapper
 
 MAX_CHILDREN = 64
+HOLD_LINES = 256
+HOLD_BYTES = 4 * 1024 * 1024
 PROMPT_CHARS = 64 * 1024
 ERROR_CHARS = 2000
 COLLAB = "collabAgentToolCall"
@@ -94,12 +103,45 @@ class Collab:
         self._open: dict[str, Child] = {}  # Codex thread id -> open child
         self._ended: set[str] = set()  # Codex threads of this turn's agents that ended
         self.opened = 0  # children opened in this turn (bounded by MAX_CHILDREN)
+        # Lines of Codex threads no spawn has named yet, in order (bounded: HOLD_*).
+        self._held: list[tuple[str, object]] = []
+        self._held_bytes = 0
+        self._dropped: dict[str, int] = {}  # unknown Codex thread -> its lines not held
 
-    def reset(self) -> None:
-        """The turn ended: its children are over (closed with it)."""
+    def reset(self) -> dict[str, int]:
+        """The turn ended: its children are over (closed with it). Returns the lines of
+        unknown Codex threads dropped, per thread (held ones no spawn named, and the rest)."""
+        dropped = dict(self._dropped)
+        for thread_id, _ in self._held:
+            dropped[thread_id] = dropped.get(thread_id, 0) + 1
         self._open.clear()
         self._ended.clear()
+        self._held.clear()
+        self._held_bytes = 0
+        self._dropped.clear()
         self.opened = 0
+        return dropped
+
+    def hold(self, event: object, size: int) -> bool:
+        """A line (of ``size`` bytes) of a Codex thread that is no open agent's: held for a
+        spawn that may name it yet (True), or dropped (False: an ended agent's, or over the
+        bound, counted)."""
+        thread_id = getattr(event, "thread_id", "") or ""
+        if not thread_id or thread_id in self._ended:
+            return False
+        if len(self._held) >= HOLD_LINES or self._held_bytes + size > HOLD_BYTES:
+            self._dropped[thread_id] = self._dropped.get(thread_id, 0) + 1
+            return False
+        self._held.append((thread_id, event))
+        self._held_bytes += size
+        return True
+
+    def held_for(self, child: Child) -> list[object]:
+        """The held lines of ``child``'s Codex thread, in order (no longer held)."""
+        mine = [event for thread_id, event in self._held if thread_id == child.codex_thread_id]
+        if mine:
+            self._held = [(t, e) for t, e in self._held if t != child.codex_thread_id]
+        return mine
 
     # --- routing ------------------------------------------------------------------------
 

@@ -280,7 +280,9 @@ class TurnDriver(AppServer):
                 log.debug("%s: Codex warns: %s", self._tag, event.message)
         elif self._turn is not None and self._ours(event):
             await self._feed(self._turn, event, replaying=replaying)
-        else:
+        elif self._turn is None or getattr(event, "thread_id", "") in ("", peer.thread_id):
+            self._stray(event)  # another turn's, or no turn's
+        elif not self._collab.hold(event, len(line)):  # an agent's before its spawn names it, maybe
             self._stray(event)
 
     async def _auto_answer(self, peer: CodexPeer, request_id: ce.RequestId, line: bytes, replaying: bool) -> None:
@@ -327,7 +329,7 @@ class TurnDriver(AppServer):
         opens first (the call's item links to them), then its changes, then the ends of
         the agents a collab item reports over."""
         mapper = turn if child is None else child.mapper
-        await self._spawn(mapper, event)
+        await self._spawn(mapper, event, replaying)
         for change in mapper.feed(event):
             if child is not None and isinstance(change, TurnEnded):  # the agent's turn, not ours
                 await self._end_child(child, self._collab.finish(child, change))
@@ -353,7 +355,7 @@ class TurnDriver(AppServer):
         turn = "no turn" if self._turn is None else f"turn {self._turn.turn_id}"
         self._warnings.warning(f"Codex thread {thread_id!r} is no open agent of {turn}: its {fate} ({type(event).__name__})")
 
-    async def _spawn(self, mapper: TurnMapper, event: object) -> None:
+    async def _spawn(self, mapper: TurnMapper, event: object, replaying: bool) -> None:
         children, why = self._collab.spawned(mapper, event)
         for reason in why:
             self._warnings.warning(reason)
@@ -362,6 +364,11 @@ class TurnDriver(AppServer):
             if not await self._commit_checked(child.command):  # refused (the parent's turn is over, say)
                 self._collab.refused(child)
                 self._warnings.warning(f"agent {child.codex_thread_id} was not opened as a thread; its lines are dropped")
+        for child in children:  # its lines that came before the spawn named it
+            for early in self._collab.held_for(child):
+                turn = self._turn
+                if turn is not None and self._collab.child_of(early) is child:  # (not a later turn's)
+                    await self._feed(turn, early, replaying=replaying, child=child)
 
     async def _end_child(self, child: Child, finish: c.FinishTurn) -> None:
         """The agent ``child`` is over: its items (and its own open agents') end, then its turn."""
@@ -428,7 +435,8 @@ class TurnDriver(AppServer):
             if ended.status == "completed":
                 self._warnings.warning(f"agent {child.codex_thread_id} had not finished when turn {turn.turn_id} ended; its thread {child.thread_id} ends with the turn")
             await self._close_items(child.mapper)
-        self._collab.reset()
+        for thread_id, count in self._collab.reset().items():
+            self._warnings.warning(f"Codex thread {thread_id!r} is no agent of turn {turn.turn_id}: {count} line(s) of it were dropped")
         await self._close_items(turn)
         await self._commit(c.FinishTurn(turn.turn_id, ended.status, ended.error, ended.reason, ended.usage, None))
         self._requests.clear()
