@@ -11,7 +11,7 @@ from t3d.domain import commands as c
 from t3d.domain.model import MAX_SUBAGENT_DEPTH, TurnItem
 from t3d.providers.codex import events as ce
 from t3d.providers.codex.adapter import ItemChanged, TurnEnded, TurnMapper
-from t3d.providers.codex.collab import MAX_CHILDREN, Collab, child_ids, closing
+from t3d.providers.codex.collab import HOLD_BYTES, HOLD_LINES, MAX_CHILDREN, Collab, child_ids, closing
 from t3d.providers.codex.protocol import parse_line
 
 PARENT = "thread-parent"
@@ -206,3 +206,24 @@ def test_a_sub_agent_activity_item_links_to_its_child() -> None:
     [changed] = mapper.feed(line("item/completed", threadId=PARENT, turnId="cx-1", item=item))
     assert isinstance(changed, ItemChanged) and changed.item.data is not None
     assert (changed.item.title, changed.item.data["child_thread_id"]) == ("subAgentActivity", child.thread_id)
+
+
+def test_lines_before_the_spawn_are_held_bounded_and_counted() -> None:
+    """Lines of a Codex thread no spawn named yet are held, in order, and handed to the child
+    a spawn opens for it; beyond HOLD_LINES they are dropped at once; the turn's end reports
+    the dropped and never-claimed ones per thread; an ended agent's lines are not held."""
+    mapper, core = parent(), Collab(clock)
+    early = [line("item/agentMessage/delta", threadId=AGENT, turnId="ax-1", itemId="m", delta=str(n)) for n in range(3)]
+    assert all(core.hold(event, 100) for event in early)
+    assert core.hold(line("item/agentMessage/delta", threadId="ghost", turnId="g", itemId="m", delta="x"), 100)
+    [child], _ = core.spawned(mapper, spawn())
+    assert core.held_for(child) == early and core.held_for(child) == []
+    for _ in range(HOLD_LINES):
+        core.hold(line("item/agentMessage/delta", threadId="ghost", turnId="g", itemId="m", delta="x"), 1)
+    assert core.reset() == {"ghost": HOLD_LINES + 1}
+    big = Collab(clock)
+    assert not big.hold(early[0], HOLD_BYTES + 1)
+    ended = Collab(clock)
+    [gone], _ = ended.spawned(parent(), spawn())
+    ended.close(gone)
+    assert not ended.hold(early[0], 1) and ended.reset() == {}
