@@ -11,7 +11,14 @@ from t3d.domain import commands as c
 from t3d.domain.model import MAX_SUBAGENT_DEPTH, TurnItem
 from t3d.providers.codex import events as ce
 from t3d.providers.codex.adapter import ItemChanged, TurnEnded, TurnMapper
-from t3d.providers.codex.collab import HOLD_BYTES, HOLD_LINES, MAX_CHILDREN, Collab, child_ids, closing
+from t3d.providers.codex.collab import (
+    HOLD_BYTES,
+    HOLD_LINES,
+    MAX_CHILDREN,
+    Collab,
+    child_ids,
+    closing,
+)
 from t3d.providers.codex.protocol import parse_line
 
 PARENT = "thread-parent"
