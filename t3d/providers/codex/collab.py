@@ -36,7 +36,7 @@ beyond, a line of an unknown thread is dropped at once (counted with the others)
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -95,6 +95,14 @@ def closing(mapper: TurnMapper, now: float) -> tuple[TurnItem, ...]:
         for i in mapper.open_items()
         if i.kind != "approval_request"
     )
+
+
+def by_turn(items: Iterable[TurnItem]) -> dict[str, list[TurnItem]]:
+    """Items grouped by their turn (the turn's own, and its agents' turns'), in order."""
+    grouped: dict[str, list[TurnItem]] = {}
+    for item in items:
+        grouped.setdefault(item.turn_id, []).append(item)
+    return grouped
 
 
 class Collab:

@@ -24,8 +24,9 @@ Rules:
   and its approvals are asked there (answered to Codex like any other); its Codex turn's
   end, or a collab item reporting it over, ends the child; an interrupt of the turn
   interrupts its open agents too; children still open when the turn ends end with it.
-  A line of a Codex thread that is neither the session's nor an open agent's is dropped
-  and logged (an approval request of one is refused).
+  A line of a Codex thread that is neither the session's nor an open agent's is held
+  until a spawn names its thread (bounded), else dropped and logged at the turn's end;
+  an approval request of one is refused at once.
 - A turn in which Codex sends nothing for the silence timeout, with no approval
   pending, fails (``provider_silent``) and the process is stopped (`watch_silence`).
 - Streaming text is coalesced (`ItemCoalescer`). While output from before a restart is
@@ -57,7 +58,7 @@ from t3d.providers.codex.adapter import (
     TurnEnded,
     TurnMapper,
 )
-from t3d.providers.codex.collab import Child, Collab, closing
+from t3d.providers.codex.collab import Child, Collab, by_turn, closing
 from t3d.providers.codex.encode import (
     approval_result,
     encode_error,
@@ -461,10 +462,7 @@ class TurnDriver(AppServer):
         held, self._held = self._held, {}
         if turn is None or not held:
             return
-        by_turn: dict[str, list[TurnItem]] = {}  # the turn's own, and its agents' turns'
-        for item in held.values():
-            by_turn.setdefault(item.turn_id, []).append(item)
-        for turn_id, items in by_turn.items():
+        for turn_id, items in by_turn(held.values()).items():  # the turn's own, and its agents'
             for start in range(0, len(items), HELD_BATCH):
                 await self._commit(c.RecordItems(turn_id, tuple(items[start : start + HELD_BATCH])))
 
@@ -487,10 +485,7 @@ class TurnDriver(AppServer):
         if all(item.turn_id == turn_id for item in items):
             await self._write(c.RecordItems(turn_id, items))
             return
-        by_turn: dict[str, list[TurnItem]] = {}
-        for item in items:
-            by_turn.setdefault(item.turn_id, []).append(item)
-        for each, in_turn in by_turn.items():
+        for each, in_turn in by_turn(items).items():
             await self._write(c.RecordItems(each, tuple(in_turn)))
 
 
