@@ -99,6 +99,26 @@ async def test_a_spawned_agent_is_a_child_thread_of_its_turn(tmp_path: Path, nur
         daemon.stop()
 
 
+@pytest.mark.parametrize("mode", ["collab-late", "collab-late-lost"])
+async def test_an_agent_reported_completed_keeps_its_last_lines(tmp_path: Path, nursery: trio.Nursery, mode: str) -> None:
+    """A wait that reports the agent completed before the agent's last message does not cut
+    the child short: the last message is an item of the child, whose turn ends completed at
+    the agent's turn/completed, or (collab-late-lost: it never comes) with the parent's
+    turn, still completed since Codex said so."""
+    with trio.fail_after(60):
+        daemon = await collab_daemon(tmp_path, nursery, mode)
+        async with open_client(daemon) as client:
+            thread_id = await new_thread(client, project(tmp_path), provider="codex")
+            outcome = await run_turn(client, thread_id, "go")
+            assert outcome.turn["status"] == "completed", outcome.turn
+            child_thread, _ = child_ids(outcome.turn["id"], "call_spawn_1", AGENT)
+            child = await snapshot(client, child_thread)
+            assert [i["text"] for i in child["items"] if i["kind"] == "assistant_message"] == ["agent: looking", "agent: done"]
+            assert (child["turns"][0]["status"], child["turns"][0]["reason"]) == ("completed", None)
+            assert child["thread"]["status"] == "idle" and settled(child["items"])
+        daemon.stop()
+
+
 async def test_an_agents_own_spawn_nests(tmp_path: Path, nursery: trio.Nursery) -> None:
     """An agent that spawns an agent (senderThreadId: the agent's thread): the inner one is a
     child thread of the outer child, linked from the outer child's spawn item, its message

@@ -100,9 +100,10 @@ def test_a_childs_events_are_those_of_its_agents_first_turn() -> None:
 
 
 def test_agents_states_end_children() -> None:
-    """A collab item reporting agents over ends their children: completed as completed,
-    errored as failed (Codex's message the error), shutdown as interrupted; a running
-    agent goes on; a closed child is not ended twice."""
+    """A collab item reporting agents over ends their children: errored as failed (Codex's
+    message the error), shutdown as interrupted; a completed one is not ended at once (its
+    last lines may follow) but keeps its completed end for the turn's end; a running agent
+    goes on; a closed child is not ended twice."""
     mapper, core = parent(), Collab(clock)
     kids = {}
     for name in ("a", "b", "c", "d"):
@@ -112,7 +113,6 @@ def test_agents_states_end_children() -> None:
     ends = core.reported(collab("call_w", "wait", list(states), states))
     got = {child.codex_thread_id: (f.status, f.error, f.reason) for child, f in ends}
     assert got == {
-        "thread-a": ("completed", None, None),
         "thread-b": ("failed", "boom", "subagent_failed"),
         "thread-c": ("interrupted", "Codex reports the agent shutdown", "subagent_shutdown"),
     }
@@ -120,7 +120,9 @@ def test_agents_states_end_children() -> None:
         assert core.close(child) == [child]
         assert core.close(child) == []
         assert core.ended(child.codex_thread_id)
-    assert [ch.codex_thread_id for ch in core.open_children()] == ["thread-d"]
+    assert sorted(ch.codex_thread_id for ch in core.open_children()) == ["thread-a", "thread-d"]
+    assert kids["a"].over == c.FinishTurn(kids["a"].turn_id, "completed", None, None, None, None)
+    assert kids["d"].over is None
 
 
 def test_the_agents_turn_end_finishes_its_child() -> None:

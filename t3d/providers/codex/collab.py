@@ -23,9 +23,13 @@ for the running turn:
 
 An agent's own ``spawnAgent`` nests: its child's parent is the agent's child thread. The
 child ends when its Codex turn completes (as ``turn/completed`` says), or when a collab
-item's ``agentsStates`` reports it over (``completed``; ``errored`` and ``notFound``:
-failed; ``interrupted`` and ``shutdown``: interrupted), whichever comes first; children
-still open when the turn ends end with it (the domain closes them, `decide`).
+item's ``agentsStates`` reports it over: ``errored`` and ``notFound`` end it failed,
+``interrupted`` and ``shutdown`` interrupted, at once. ``completed`` does not end it at
+once: the agent's own last lines may still be on their way (Codex writes each thread's
+notifications from its own task, so a ``wait`` may report an agent completed before the
+agent's last message), so its own ``turn/completed`` ends it; if that never comes, it
+ends completed with the turn (`Child.over`). Other children still open when the turn
+ends end with it (the domain closes them, `decide`).
 
 Bounded: `MAX_CHILDREN` agents per turn and `MAX_SUBAGENT_DEPTH` levels; beyond them an
 agent is not opened and its lines are dropped like those of an unknown thread (the
@@ -72,6 +76,8 @@ class Child:
     parent: TurnMapper  # whose call spawned it: the turn's own mapper, or another child's
     depth: int  # 1: the turn's own agent
     command: c.OpenSubagent
+    # Codex reported the agent completed: how the child ends if its turn/completed never comes.
+    over: c.FinishTurn | None = None
 
 
 def child_ids(parent_turn_id: str, call_id: str, codex_thread_id: str) -> tuple[str, str]:
@@ -226,7 +232,8 @@ class Collab:
         return c.FinishTurn(child.turn_id, ended.status, ended.error, ended.reason, ended.usage, None)
 
     def reported(self, event: object) -> list[tuple[Child, c.FinishTurn]]:
-        """A collab item whose ``agentsStates`` reports open agents over: their ends."""
+        """A collab item whose ``agentsStates`` reports open agents over: their ends (a
+        completed one's is kept as its `Child.over`, not returned)."""
         item = collab_item(event)
         states = item.raw.get("agentsStates") if item is not None else None
         if not isinstance(states, dict):
@@ -240,7 +247,11 @@ class Collab:
             turn_status, reason = _OVER[status]
             message = _text(state.get("message"))[:ERROR_CHARS]
             error = None if turn_status == "completed" else message or f"Codex reports the agent {status}"
-            ends.append((child, c.FinishTurn(child.turn_id, turn_status, error, reason, child.mapper.usage(), None)))
+            finish = c.FinishTurn(child.turn_id, turn_status, error, reason, child.mapper.usage(), None)
+            if turn_status == "completed":
+                child.over = finish
+            else:
+                ends.append((child, finish))
         return ends
 
     def close(self, child: Child) -> list[Child]:

@@ -433,9 +433,11 @@ class TurnDriver(AppServer):
         if turn.usage_total is not None:
             self._usage_total = turn.usage_total
         for child in self._collab.open_children():  # the domain ends their turns with this one
-            if ended.status == "completed":
+            if child.over is None and ended.status == "completed":
                 self._warnings.warning(f"agent {child.codex_thread_id} had not finished when turn {turn.turn_id} ended; its thread {child.thread_id} ends with the turn")
             await self._close_items(child.mapper)
+            if child.over is not None:  # Codex said it completed; its own end never came
+                await self._commit(child.over)
         for thread_id, count in self._collab.reset().items():
             self._warnings.warning(f"Codex thread {thread_id!r} is no agent of turn {turn.turn_id}: {count} line(s) of it were dropped")
         await self._close_items(turn)
