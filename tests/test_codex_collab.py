@@ -382,3 +382,53 @@ async def test_force_stopping_the_parent_ends_its_waiting_agent(tmp_path: Path, 
             assert (child["turns"][0]["status"], child["thread"]["status"]) == ("cancelled", "idle")
             assert (await client.call("requests.pending"))["requests"] == []
         daemon.stop()
+
+
+async def test_an_agent_whose_spawn_was_past_the_replay_buffer_reads_on_after_a_restart(tmp_path: Path) -> None:
+    """With a spawner whose replay buffer is smaller than the turn's output, a restart while
+    the agent waits on its approval cannot replay the spawn: the new daemon makes the child
+    of the committed spawn item open again, the pending request (rebuilt from the database,
+    not declined) reaches Codex when answered, and the agent's lines from the live point on
+    are the child's: its last message, and its turn's end completes it."""
+    state = tmp_path / "state"
+    state.mkdir()
+    env = base_env()
+    socket_path = state / "spawner.sock"
+    spawner = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "spawner", "--socket", str(socket_path), "--replay-buffer", "1024", "--orphan-grace", "60"], env=env
+    )
+    flags = ("--codex-bin", fake_codex(tmp_path, "collab-approval-long"), "--agent-reattach-window", "60", "--checkpoints", "off")
+    pids: list[int] = []
+    try:
+        with trio.fail_after(120):
+            await wait_until(socket_path.exists)
+            async with serve(state, *flags, env=env) as first:
+                async with open_ws(first) as client:
+                    thread_id = await new_thread(client, project(tmp_path), provider="codex")
+                    started = await client.call("turn.start", thread_id=thread_id, text="go")
+                    pending: list[Json] = []
+
+                    async def asked() -> bool:
+                        pending[:] = (await client.call("requests.pending"))["requests"]
+                        return bool(pending)
+
+                    await wait_until(asked)
+                pids = await provider_pids(first)
+                first.process.send_signal(signal.SIGKILL)
+                await first.process.wait()
+            child_thread, _ = child_ids(started["turn_id"], "call_spawn_1", AGENT)
+            async with serve(state, *flags, env=env) as second:
+                async with open_ws(second) as client:
+                    await client.call("request.respond", request_id=pending[0]["id"], decision="allow")
+                    await wait_until(lambda: turn_status(client, started["turn_id"], thread_id))
+                    assert "were dropped" in second.stderr_text()
+                    parent = await snapshot(client, thread_id)
+                    assert parent["turns"][-1]["status"] == "completed", parent["turns"][-1]
+                    assert [i["title"] for i in parent["items"] if i["kind"] == "error"] == ["Output lost across a daemon restart"]
+                    child = await snapshot(client, child_thread)
+                    assert child["turns"][0]["status"] == "completed", child["turns"][0]
+                    assert [i["text"] for i in child["items"] if i["kind"] == "assistant_message"][-1] == "agent: decision=accept"
+    finally:
+        kill_leftovers(pids, state)
+        spawner.kill()
+        await spawner.wait()

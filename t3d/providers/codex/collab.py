@@ -218,6 +218,22 @@ class Collab:
             children.append(child)
         return children, why
 
+    def restore(self, mapper: TurnMapper, items: tuple[TurnItem, ...]) -> list[Child]:
+        """The turn's committed items, after a restart whose replay lost the turn's start:
+        the children its spawn items opened are open again (their agents' lines reach them
+        from the live point on). Not their own children: their spawn items are theirs."""
+        restored: list[Child] = []
+        for item in items:
+            data = item.data or {}
+            codex = data.get("codex")
+            if item.kind != "tool_call" or data.get("name") != "spawnAgent" or not isinstance(codex, dict):
+                continue
+            raw = {"type": COLLAB, "id": data.get("tool_use_id"), "tool": "spawnAgent", **codex}
+            event = ce.ItemCompleted("", "", ce.ToolCallItem(str(raw["id"]), COLLAB, "spawnAgent", {}, "", None, None, raw))
+            opened, _ = self.spawned(mapper, event)
+            restored.extend(opened)
+        return restored
+
     def refused(self, child: Child) -> None:
         """The domain did not open the child: its lines are dropped like unknown ones."""
         if self._open.get(child.codex_thread_id) is child:

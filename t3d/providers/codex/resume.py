@@ -23,7 +23,8 @@ Rules:
 - An interrupt asked for, or a turn the daemon gave up on, is sent once the replay is
   through (and escalates as usual).
 - A replay that lost the turn's start reads on from the live point, from the committed
-  items, with an error item in the turn saying what was lost.
+  items (the agents its spawn items name are its children again), with an error item in
+  the turn saying what was lost.
 - The open turn is another one, or none: nothing is replayed; another one is started as
   usual on the process. A process whose handshake had not finished is of no use: it is
   stopped and the turn starts on a new process.
@@ -120,9 +121,9 @@ class ResumeAfterRestart(TurnDriver):
         self._known_turns.append(turn.id)
         self._quiet_since = trio.current_time()
         peer.turn_request_id = _whole(reattach.meta.get("turn_request_id"))
-        prefix = f"{turn.id}:"
         for request in reattach.requests:  # so an answer reaches Codex whatever the replay shows
-            approval = _approval_of(request, prefix, peer.thread_id or "")
+            # (the turn's own and its spawned agents': ``<its turn id>:<Codex's request id>``)
+            approval = _approval_of(request, f"{request.turn_id}:", peer.thread_id or "")
             if request.status == "pending" and approval is not None:
                 self._requests[request.id] = approval
         if reattach.complete:
@@ -131,6 +132,7 @@ class ResumeAfterRestart(TurnDriver):
         # The turn's start is gone from the replay: read on from the live point.
         proc.skip_until = reattach.child.replay.end
         mapper.restore(reattach.items)
+        self._collab.restore(mapper, reattach.items)  # its spawned agents read on live too
         log.warning(
             "%s: turn %s: %d bytes of its output from before the restart were dropped "
             "(over the spawner's replay buffer); reading on from the live point",

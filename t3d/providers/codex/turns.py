@@ -272,7 +272,7 @@ class TurnDriver(AppServer):
             await self._auto_answer(peer, event.id, encode_error(event.id, f"t3d does not support {event.method!r}"), replaying)
         elif not skipped and self._turn is not None and (child := self._collab.child_of(event)) is not None:
             await self._feed(self._turn, event, replaying=replaying, child=child)
-        elif isinstance(event, ce.ApprovalRequested) and not self._ours(event):
+        elif isinstance(event, ce.ApprovalRequested) and not self._ours(event) and not (skipped and self._collab.child_of(event)):
             # Nobody can be asked (no turn of ours runs): refuse rather than let Codex wait.
             self._stray(event, "approval request is declined")
             await self._auto_answer(peer, event.id, encode_result(event.id, approval_result(event, "deny")), replaying)
