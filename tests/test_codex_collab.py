@@ -417,17 +417,16 @@ async def test_an_agent_whose_spawn_was_past_the_replay_buffer_reads_on_after_a_
                 first.process.send_signal(signal.SIGKILL)
                 await first.process.wait()
             child_thread, _ = child_ids(started["turn_id"], "call_spawn_1", AGENT)
-            async with serve(state, *flags, env=env) as second:
-                async with open_ws(second) as client:
-                    await client.call("request.respond", request_id=pending[0]["id"], decision="allow")
-                    await wait_until(lambda: turn_status(client, started["turn_id"], thread_id))
-                    assert "were dropped" in second.stderr_text()
-                    parent = await snapshot(client, thread_id)
-                    assert parent["turns"][-1]["status"] == "completed", parent["turns"][-1]
-                    assert [i["title"] for i in parent["items"] if i["kind"] == "error"] == ["Output lost across a daemon restart"]
-                    child = await snapshot(client, child_thread)
-                    assert child["turns"][0]["status"] == "completed", child["turns"][0]
-                    assert [i["text"] for i in child["items"] if i["kind"] == "assistant_message"][-1] == "agent: decision=accept"
+            async with serve(state, *flags, env=env) as second, open_ws(second) as client:
+                await client.call("request.respond", request_id=pending[0]["id"], decision="allow")
+                await wait_until(lambda: turn_status(client, started["turn_id"], thread_id))
+                assert "were dropped" in second.stderr_text()
+                parent = await snapshot(client, thread_id)
+                assert parent["turns"][-1]["status"] == "completed", parent["turns"][-1]
+                assert [i["title"] for i in parent["items"] if i["kind"] == "error"] == ["Output lost across a daemon restart"]
+                child = await snapshot(client, child_thread)
+                assert child["turns"][0]["status"] == "completed", child["turns"][0]
+                assert [i["text"] for i in child["items"] if i["kind"] == "assistant_message"][-1] == "agent: decision=accept"
     finally:
         kill_leftovers(pids, state)
         spawner.kill()
