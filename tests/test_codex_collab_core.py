@@ -236,3 +236,20 @@ def test_lines_before_the_spawn_are_held_bounded_and_counted() -> None:
     [gone], _ = ended.spawned(parent(), spawn())
     ended.close(gone)
     assert not ended.hold(early[0], 1) and ended.reset() == {}
+
+
+def test_restore_reopens_the_children_of_committed_spawn_items() -> None:
+    """After a restart that lost the turn's start, the committed spawn items (as the mapper
+    made them) open the same children again, linked from the new mapper; other items
+    open nothing."""
+    mapper, core = parent(), Collab(clock)
+    event = spawn()
+    [child], _ = core.spawned(mapper, event)
+    [changed] = mapper.feed(event)
+    [other] = mapper.feed(collab("call_w", "wait", [AGENT], {}))
+    assert isinstance(changed, ItemChanged) and isinstance(other, ItemChanged)
+    again, fresh = Collab(clock), parent()
+    [restored] = again.restore(fresh, (changed.item, other.item))
+    assert (restored.thread_id, restored.turn_id, restored.codex_thread_id) == (child.thread_id, child.turn_id, AGENT)
+    assert fresh.agents == {AGENT: child.thread_id}
+    assert again.child_of(line("turn/started", threadId=AGENT, turn={"id": "ax-1"})) is restored
