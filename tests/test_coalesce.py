@@ -11,6 +11,7 @@ import itertools
 import threading
 from pathlib import Path
 
+import attrs
 import trio
 import trio.testing
 
@@ -48,11 +49,11 @@ async def test_states_merge_while_the_writer_is_behind_and_the_pace_returns_afte
             nursery.start_soon(items.run)
             nursery.start_soon(store.maintain, lambda conn: release.wait(30))  # the writer is busy
             await trio.testing.wait_all_tasks_blocked()
-            await items.stream("t", _item("a"))  # goes at once, and waits for the writer
+            await items.stream(_item("a"))  # goes at once, and waits for the writer
             text = "a"
             for n in range(20):  # the writer is behind: these merge
                 text += str(n % 10)
-                await items.stream("t", _item(text))
+                await items.stream(_item(text))
                 await trio.sleep(COALESCE_S / 2)
             release.set()
             await pipeline.settled()
@@ -64,10 +65,10 @@ async def test_states_merge_while_the_writer_is_behind_and_the_pace_returns_afte
             start = trio.current_time()
             for _ in range(8):  # quick commits: the normal pace
                 text += "x"
-                await items.stream("t", _item(text))
+                await items.stream(_item(text))
                 await trio.sleep(COALESCE_S / 4)
             elapsed = trio.current_time() - start
-            await items.stream("t", _item(text + "!"))
+            await items.stream(_item(text + "!"))
             await items.commit(pipeline.drain)
             assert 2 <= len(committed) - 2 <= elapsed / COALESCE_S + 2
             assert committed[-1] == text + "!"  # pending first, in order, before the commit
@@ -88,7 +89,7 @@ async def test_no_update_goes_out_sooner_than_the_interval_after_the_last() -> N
     async with trio.open_nursery() as nursery:
         nursery.start_soon(items.run)
         for n in range(120):
-            await items.stream("t", _item("x" * n))
+            await items.stream(_item("x" * n))
             await trio.sleep(0.005)
         await trio.sleep(2 * COALESCE_S)
         nursery.cancel_scope.cancel()
@@ -108,9 +109,9 @@ async def test_a_held_back_state_goes_out_after_its_interval_without_another_sta
     items = ItemCoalescer(commit_items)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(items.run)
-        await items.stream("t", _item("a"))
+        await items.stream(_item("a"))
         await trio.sleep(0.01)
-        await items.stream("t", _item("ab"))
+        await items.stream(_item("ab"))
         with trio.fail_after(5):
             while len(times) < 2:  # noqa: ASYNC110 (the recorded list is the test's own)
                 await trio.sleep(0.005)
@@ -141,7 +142,7 @@ async def test_a_due_state_that_finds_a_commit_under_way_goes_out_after_it() -> 
         nursery.start_soon(items.run)
         nursery.start_soon(items.commit, slow_commit)
         await in_commit.wait()
-        await items.stream("t", _item("first", "t:2"))  # due at once, the lock is held
+        await items.stream(_item("first", "t:2"))  # due at once, the lock is held
         assert recorded == []
         finish.set()
         with trio.fail_after(5):
@@ -149,3 +150,24 @@ async def test_a_due_state_that_finds_a_commit_under_way_goes_out_after_it() -> 
                 await trio.sleep(0.005)
         nursery.cancel_scope.cancel()
     assert recorded == ["commit", "first"]
+
+
+async def test_pending_states_of_two_turns_are_each_recorded_in_their_own_turn() -> None:
+    """States of a turn's item and of its subagent's item held back together go out in one
+    flush as two records, each under the turn its item belongs to."""
+    recorded: list[tuple[str, tuple[str, ...]]] = []
+
+    async def commit_items(turn_id: str, states: tuple[TurnItem, ...]) -> None:
+        recorded.append((turn_id, tuple(s.text or "" for s in states)))
+
+    async def nothing() -> None:
+        return None
+
+    items = ItemCoalescer(commit_items)
+    child = attrs.evolve(_item(""), id="sub:1:a", turn_id="sub:1")
+    await items.stream(attrs.evolve(child, text="s"))  # each item's first state goes at once
+    await items.stream(_item("a"))
+    await items.stream(attrs.evolve(child, text="su"))  # held back: not due yet
+    await items.stream(_item("ab"))
+    await items.commit(nothing)  # flushes both held states first
+    assert recorded == [("sub:1", ("s",)), ("t", ("a",)), ("sub:1", ("su",)), ("t", ("ab",))]

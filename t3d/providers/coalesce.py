@@ -114,17 +114,16 @@ class ItemCoalescer:
         self._writes = writes
         # Held while committing: flushes and other commits never interleave.
         self._lock = trio.Lock()
-        self._turn_id = ""  # the turn the pending items belong to
         # Item id -> its latest state not yet recorded.
         self._pending: dict[str, TurnItem] = {}
         self._last_flush: dict[str, float] = {}
         self._wake = trio.Event()  # the flusher has work (set by the timer or a lagging writer)
         self._timer_at = math.inf  # when the armed timer fires (inf: none armed)
 
-    async def stream(self, turn_id: str, item: TurnItem) -> None:
+    async def stream(self, item: TurnItem) -> None:
         """Take an item's new state; record it now if it is due and the writer keeps up,
-        else leave it to the next state, the timer or the flusher."""
-        self._turn_id = turn_id
+        else leave it to the next state, the timer or the flusher. Each state is recorded
+        in its own turn (``item.turn_id``: a turn's, or one of its subagents')."""
         self._pending[item.id] = item
         writes = self._writes
         if writes is not None and not writes.settled_now():
@@ -213,7 +212,10 @@ class ItemCoalescer:
         )
         if not items:
             return
+        by_turn: dict[str, list[TurnItem]] = {}
         for item in items:
             del self._pending[item.id]
             self._last_flush[item.id] = now
-        await self._commit_items(self._turn_id, items)
+            by_turn.setdefault(item.turn_id, []).append(item)
+        for turn_id, of_turn in by_turn.items():
+            await self._commit_items(turn_id, tuple(of_turn))

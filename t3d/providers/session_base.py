@@ -86,7 +86,7 @@ class SessionBase:
             self._items.forget((item.id,))
             await self._commit(c.RecordItems(turn_id, (item,)))
         else:
-            await self._items.stream(turn_id, item)
+            await self._items.stream(item)
 
     async def _record_session(
         self,

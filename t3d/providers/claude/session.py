@@ -455,7 +455,7 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
                 and not proc.output.replaying
                 and (delta := streamed_text(value)) is not None
             ):
-                await self._items.stream(turn.turn_id, turn.stream_delta(*delta))
+                await self._items.stream(turn.stream_delta(*delta))
                 return
             event = parse_value(value, line)
         except ProtocolError as exc:

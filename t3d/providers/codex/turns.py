@@ -483,12 +483,8 @@ class TurnDriver(AppServer):
         return taken[0] is not False
 
     async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
-        """The coalescer's streaming states, each in its own turn: the turn's, or an agent's."""
-        if all(item.turn_id == turn_id for item in items):
-            await self._write(c.RecordItems(turn_id, items))
-            return
-        for each, in_turn in by_turn(items).items():
-            await self._write(c.RecordItems(each, tuple(in_turn)))
+        """The coalescer's streaming states of one turn (the turn's own, or an agent's)."""
+        await self._write(c.RecordItems(turn_id, items))
 
 
 def _turn_of(result: object) -> str | None:
