@@ -1,13 +1,15 @@
 """What every provider session does the same way, whatever its CLI speaks: it takes its
 effects from the inbox one at a time, in order (after taking over the agent a restart
-left, if any), it records each of its processes as a `ProviderSession` row, and it
-does not end before a process it stopped for being idle has recorded its exit.
+left, if any), it records each of its processes as a `ProviderSession` row, it commits
+after every pending streaming update (`_commit`), and it does not end before a process it
+stopped for being idle has recorded its exit.
 
 `ClaudeSession` and `CodexSession` mix this in; they supply the handlers it names.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -30,7 +32,7 @@ class SessionBase:
     spec: SessionSpec
     _resume: str | None
     _clock: Callable[[], float]
-    _commit: Callable[[c.Command], Awaitable[None]]
+    _write: Callable[[c.Command], Awaitable[object]]  # a command to the store, now
     _reattach: Callable[[trio.Nursery, Reattach], Awaitable[None]]
     _start_turn: Callable[[trio.Nursery, ev.StartProviderTurn], Awaitable[None]]
     _steer: Callable[[ev.SteerProviderTurn], Awaitable[None]]
@@ -111,3 +113,23 @@ class SessionBase:
             stderr_tail=stderr_tail,
         )
         await self._commit(c.RecordSession(session))
+
+    # --- commits ---------------------------------------------------------------------------
+
+    async def _commit(self, command: c.Command) -> None:
+        """Write after every pending streaming update (`ItemCoalescer.commit`)."""
+        await self._items.commit(functools.partial(self._write, command))
+
+    async def _commit_checked(self, command: c.Command) -> bool:
+        """`_commit`, and whether the domain took it (False: refused, e.g. archived)."""
+        taken: list[object] = []
+
+        async def write() -> None:
+            taken.append(await self._write(command))
+
+        await self._items.commit(write)
+        return taken[0] is not False
+
+    async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
+        """The coalescer's streaming states of one turn (a turn's own, or a subagent's)."""
+        await self._write(c.RecordItems(turn_id, items))

@@ -45,6 +45,7 @@ from t3d.providers.claude.encode import encode_permission_deny, encode_user_mess
 from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.tasks import TaskEvent, TaskTracker
 from t3d.providers.log_limit import LogLimiter
+from t3d.providers.session_base import SessionBase
 
 if TYPE_CHECKING:
     from t3d.providers.claude.session import SessionSpec
@@ -110,7 +111,7 @@ def opens_turn(event: object) -> bool:
     return not (isinstance(event, ce.UserMessage) and event.is_replay)
 
 
-class BackgroundWork:
+class BackgroundWork(SessionBase):
     """Wakes, tasks and steers: state and steps `ClaudeSession` mixes in."""
 
     spec: SessionSpec
@@ -121,8 +122,6 @@ class BackgroundWork:
     _known_turns: deque[str]
     _quiet_since: float
     _warnings: LogLimiter
-    _commit: Callable[[c.Command], Awaitable[None]]
-    _commit_checked: Callable[[c.Command], Awaitable[bool]]
     _send: Callable[[bytes], Awaitable[None]]
     _meta: Callable[[ClaudeProcess], dict[str, Any]]
     _start_turn: Callable[[trio.Nursery, ev.StartProviderTurn], Awaitable[None]]

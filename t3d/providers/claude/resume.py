@@ -36,6 +36,7 @@ from t3d.providers.claude.encode import encode_answer
 from t3d.providers.claude.process import ClaudeProcess
 from t3d.providers.claude.tasks import TaskTracker
 from t3d.providers.reattach import Reattach
+from t3d.providers.session_base import SessionBase
 
 if TYPE_CHECKING:
     from t3d.providers.claude.session import SessionSpec
@@ -46,7 +47,7 @@ log = logging.getLogger("t3d.providers.claude")
 HELD_BATCH = 64
 
 
-class ResumeAfterRestart:
+class ResumeAfterRestart(SessionBase):
     """What `ClaudeSession` keeps for a replay, and the steps of a takeover."""
 
     spec: SessionSpec
@@ -59,7 +60,6 @@ class ResumeAfterRestart:
     _quiet_since: float
     _idle_since: float
     _read_stdout: Callable[[ClaudeProcess], Awaitable[None]]
-    _commit: Callable[[c.Command], Awaitable[None]]
     _send: Callable[[bytes], Awaitable[None]]
     _start_turn: Callable[[trio.Nursery, ev.StartProviderTurn], Awaitable[None]]
     _tasks: TaskTracker

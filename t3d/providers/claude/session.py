@@ -55,7 +55,6 @@ import trio
 
 from t3d.domain import commands as c
 from t3d.domain import events as ev
-from t3d.domain.model import TurnItem
 from t3d.errors import ProtocolError, ProviderError, SpawnerError
 from t3d.providers.claude import events as ce
 from t3d.providers.claude.adapter import (
@@ -86,7 +85,7 @@ from t3d.providers.lines import LineTooLong
 from t3d.providers.log_limit import LogLimiter
 from t3d.providers.prompts import open_request
 from t3d.providers.reattach import Reattach
-from t3d.providers.session_base import EXIT_RECORD_S, SessionBase
+from t3d.providers.session_base import EXIT_RECORD_S
 from t3d.providers.silence import Quiet, watch_silence
 from t3d.spawn.child import Child, Spawner, stop_child
 
@@ -125,7 +124,7 @@ class SessionSpec:
     silence_timeout: float = 0.0
 
 
-class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
+class ClaudeSession(ResumeAfterRestart, BackgroundWork):
     def __init__(
         self,
         spec: SessionSpec,
@@ -669,22 +668,6 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork, SessionBase):
 
     # --- commits ---------------------------------------------------------------------------
 
-    async def _commit(self, command: c.Command) -> None:
-        """Write after every pending streaming update (`ItemCoalescer.commit`)."""
-        await self._items.commit(functools.partial(self._write, command))
-
-    async def _commit_checked(self, command: c.Command) -> bool:
-        """`_commit`, and whether the domain took it (False: refused, e.g. archived)."""
-        taken: list[object] = []
-
-        async def write() -> None:
-            taken.append(await self._write(command))
-
-        await self._items.commit(write)
-        return taken[0] is not False
-
-    async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
-        await self._write(c.RecordItems(turn_id, items))
 
 
 def _scope_unit(thread_id: str, session_id: str) -> str:

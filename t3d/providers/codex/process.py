@@ -91,7 +91,6 @@ class AppServer(SessionBase):
     _end_turn: Callable[[TurnEnded, TurnMapper], Awaitable[None]]
     _flush_held: Callable[[], Awaitable[None]]
     _notes: LogLimiter
-    _commit: Callable[[c.Command], Awaitable[None]]
 
     @property
     def _proc(self) -> CliProcess | None:

@@ -468,23 +468,6 @@ class TurnDriver(AppServer):
             for start in range(0, len(items), HELD_BATCH):
                 await self._commit(c.RecordItems(turn_id, tuple(items[start : start + HELD_BATCH])))
 
-    async def _commit(self, command: c.Command) -> None:
-        """Write after every pending streaming update (`ItemCoalescer.commit`)."""
-        await self._items.commit(functools.partial(self._write, command))
-
-    async def _commit_checked(self, command: c.Command) -> bool:
-        """`_commit`, and whether the domain took it (False: refused)."""
-        taken: list[object] = []
-
-        async def write() -> None:
-            taken.append(await self._write(command))
-
-        await self._items.commit(write)
-        return taken[0] is not False
-
-    async def _record_items(self, turn_id: str, items: tuple[TurnItem, ...]) -> None:
-        """The coalescer's streaming states of one turn (the turn's own, or an agent's)."""
-        await self._write(c.RecordItems(turn_id, items))
 
 
 def _turn_of(result: object) -> str | None:
