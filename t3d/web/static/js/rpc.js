@@ -109,6 +109,7 @@ export class Rpc {
     ws.onclose = () => {
       if (this.ws === ws) this.ws = null;
       this.byServerId.clear();
+      this._gone = this._early = null; // server ids are the connection's
       this.resyncing.clear();
       for (const sub of this.subs) {
         sub.sub = null;
@@ -188,6 +189,7 @@ export class Rpc {
     this.call(sub.method, params).then(
       (result) => {
         if (sub.closed) {
+          if (this._early) this._early.delete(result.sub);
           this.call("unsubscribe", { sub: result.sub }).catch(() => {});
           return;
         }
@@ -219,6 +221,10 @@ export class Rpc {
     this.subs.delete(sub);
     if (sub.sub !== null) {
       this.byServerId.delete(sub.sub);
+      this._gone ||= new Set(); // the last 64 forgotten ids: their late frames are dropped
+      this._gone.add(sub.sub);
+      if (this._gone.size > 64) this._gone.delete(this._gone.values().next().value);
+      if (this._early) this._early.delete(sub.sub);
       this.call("unsubscribe", { sub: sub.sub }).catch(() => {});
     }
   }
@@ -257,7 +263,13 @@ export class Rpc {
 
   // The reply to a subscribe resolves a promise, whose callback runs after the frames that
   // followed it in the same task; hold a subscription's frames until its reply is handled.
+  // Only a subscription still waiting for its reply can own them: the frames of one this
+  // page has forgotten (sent before the server took its unsubscribe) are dropped.
   _keepEarly(params) {
+    if (this._gone && this._gone.has(params.sub)) return;
+    let waiting = false;
+    for (const sub of this.subs) if (sub.sub === null) waiting = true;
+    if (!waiting) return;
     this._early ||= new Map();
     const list = this._early.get(params.sub) || [];
     if (list.length < 10000) list.push(params);
