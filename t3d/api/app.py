@@ -160,7 +160,10 @@ class ApiApp:
         self.hub = hub
         # Subscription bases; fresh snapshots shared per wave unless the hub projects per
         # subscriber (the setting that turns project-once off turns this off too).
-        self.bases = BaseReader(methods.store, share=hub.encode_once, workspaces=self._workspace_rows)
+        # The shell is served from the hub's in-memory rows (t3d/live/shell_rows.py).
+        self.bases = BaseReader(
+            methods.store, share=hub.encode_once, workspaces=self._workspace_rows, shell_rows=hub.shell_rows
+        )
         self._token = token
         self._health = health
         self._bound = bound

@@ -20,6 +20,9 @@ Rules:
 - A subscription buffers from the moment it joins, before its base (snapshot
   or replay) is read; once the base is sent it goes live at the base's
   sequence, and frames at or below it (already in the base) are skipped.
+- The in-memory shell (`shell_rows`, t3d/live/shell_rows.py) takes every commit here,
+  before the fan-out: a shell served from it at any moment reflects exactly the commits
+  published up to then, and a subscriber registered before it is taken gets the rest.
 - Workspace statuses (`WorkspaceView`, kept in memory by t3d/git/workspaces.py) are
   not events: shell rows carry their thread's (spliced in as they go out), and
   `publish_workspace` posts a changed one to the shell subscriptions and to the
@@ -41,6 +44,7 @@ import orjson
 
 from t3d.domain.codec import to_json
 from t3d.live.budget import Budget
+from t3d.live.shell_rows import ShellRows
 from t3d.live.wire import event_frame, shell_row_frame, with_workspace
 from t3d.store.commit import Committed, StoredEvent
 
@@ -183,6 +187,12 @@ class Hub:
         self._resyncs_of_closed = 0
         # The workspace statuses shell rows carry (None: workspace status is off).
         self.workspaces: WorkspaceView | None = None
+        # The shell in memory (shell_rows.py), kept here from the same rows the shell
+        # subscriptions get; unseeded (and holding nothing) until a shell is first served.
+        self.shell_rows = ShellRows(self._workspace_row)
+
+    def _workspace_row(self, thread_id: str) -> bytes | None:
+        return self.workspaces.row(thread_id) if self.workspaces is not None else None
 
     def subscribe(self, sub: Subscription, *, every_workspace: bool = False) -> None:
         """Join. A thread subscription is handed its thread's workspace value at once (sent
@@ -225,6 +235,7 @@ class Hub:
 
     def publish_workspace(self, path: str, thread_ids: Iterable[str], value: bytes) -> None:
         """The workspace at ``path`` (of ``thread_ids``) changed to ``value``."""
+        self.shell_rows.workspace_changed(thread_ids)
         for sub in self._shell:
             if sub.watch_workspace:
                 sub.post_workspace(path, value)
@@ -234,6 +245,7 @@ class Hub:
                     sub.post_workspace(path, value)
 
     def publish(self, committed: Committed) -> None:
+        self.shell_rows.apply(committed)
         shell: list[tuple[int, Callable[[], bytes]]] = []
         for event in committed.events:
             self._published += 1

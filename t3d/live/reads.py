@@ -18,16 +18,19 @@ resume replays and `detail` (the full value of a huge field) are history.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import orjson
 import trio
+import trio.lowlevel
 
 from t3d.live import base as b
-from t3d.live.chunks import Parts, chunk_objects, object_bytes, object_pieces
+from t3d.live.chunks import CHUNK_BYTES, Parts, chunk_objects, object_bytes, object_pieces
 from t3d.live.shared import SharedReads, Wave
+from t3d.live.shell_rows import Seed, ShellCopy, ShellRows
 from t3d.live.wire import Path, summarize_payload, value_at
 from t3d.store import queries as q
+from t3d.store.commit import shell_payload
 from t3d.store.read_classes import ReadClass
 from t3d.store.replay import shell_resume_query, thread_resume_query
 from t3d.store.store import Store
@@ -35,6 +38,9 @@ from t3d.store.store import Store
 REPLAY_MAX_EVENTS = 128
 REPLAY_MAX_BYTES = 1024 * 1024
 SHELL_SCAN_MAX = 4096
+
+if TYPE_CHECKING:
+    import apsw
 
 R = TypeVar("R")
 
@@ -48,9 +54,18 @@ def _no_workspaces() -> Mapping[str, bytes]:
 
 class BaseReader:
     def __init__(
-        self, store: Store, *, share: bool = True, workspaces: Callable[[], Mapping[str, bytes]] = _no_workspaces
+        self,
+        store: Store,
+        *,
+        share: bool = True,
+        workspaces: Callable[[], Mapping[str, bytes]] = _no_workspaces,
+        shell_rows: ShellRows | None = None,
     ) -> None:
         self._store = store
+        # The in-memory shell (shell_rows.py), kept from commits by the hub: when given, the
+        # shell is served from it (seeded by one read on first use) instead of a read each time.
+        self._shell_rows = shell_rows
+        self._seeding = trio.Lock()
         self._share = share
         # Thread id -> its workspace status (encoded), copied on the loop before each shell
         # read: the rows read carry the values of that moment (t3d/live/hub.py).
@@ -70,6 +85,9 @@ class BaseReader:
 
     async def _read_snapshot(self, key: SnapshotKey) -> b.Snapshot | None:
         thread_id, turn_limit = key
+        if thread_id is None and self._shell_rows is not None:
+            shell = await self._shell_copy()
+            return b.snapshot_of(b.shell_copy_parts(shell), shell.sequence)
         if thread_id is None:
             workspaces = self._workspaces()
             return await self._store.read(q.shell_query, lambda raw: b.decode_shell_snapshot(raw, workspaces), ReadClass.SMALL)
@@ -125,6 +143,8 @@ class BaseReader:
 
     async def shell_pieces(self) -> list[bytes]:
         """The shell as one JSON object in pieces of at most 256 KiB (HTTP)."""
+        if self._shell_rows is not None:
+            return await shell_copy_pieces(await self._shell_copy())
         wave = self._shell_reads.join(None)
         if not self._share:
             pieces = await wave.result()
@@ -133,6 +153,22 @@ class BaseReader:
                 pieces = await wave.result()
         assert pieces is not None
         return pieces
+
+    async def _shell_copy(self) -> ShellCopy:
+        """The in-memory shell now, seeded first if it is not yet (one seed read at a time)."""
+        rows = self._shell_rows
+        assert rows is not None
+        if not rows.seeded:
+            async with self._seeding:
+                if not rows.seeded:
+                    rows.begin_seed()  # right before the read: commits from now on are merged
+                    try:
+                        found = await self._store.read(_seed_query, _seed_of, ReadClass.SMALL)
+                    except BaseException:
+                        rows.abort_seed()
+                        raise
+                    rows.seed(found)
+        return rows.copy()
 
     async def _read_shell_pieces(self, _key: None) -> list[bytes] | None:
         workspaces = self._workspaces()
@@ -148,6 +184,45 @@ class BaseReader:
             return orjson.Fragment(orjson.dumps(value_at(orjson.loads(body), path)))
 
         return await self._store.read(q.body_query(table, entity_id), decode, ReadClass.HISTORY)
+
+
+def _seed_query(conn: apsw.Connection) -> tuple[q.ShellRaw, list[str]]:
+    """A shell read, with its projects' ids (one read transaction)."""
+    raw = q.shell_query(conn)
+    return raw, [project_id for (project_id,) in conn.execute("SELECT id FROM projects ORDER BY rowid")]
+
+
+def _seed_of(found: tuple[q.ShellRaw, list[str]]) -> Seed:
+    raw, project_ids = found
+    rows = [(tid, shell_payload(*row)) for tid, row in zip(raw.thread_ids, raw.threads, strict=True)]
+    return Seed(raw.sequence, list(zip(project_ids, raw.projects, strict=True)), rows)
+
+
+# Thread rows joined per step of building a large shell response on the loop, with a
+# checkpoint between steps (about 0.1-0.5 ms each).
+ROWS_PER_STEP = 1024
+
+
+async def shell_copy_pieces(shell: ShellCopy) -> list[bytes]:
+    """The shell as one JSON object (the bytes `b.shell_parts` gives for the same rows), in
+    pieces of at most 256 KiB; a large one is joined in steps, letting the loop run between."""
+    threads = shell.threads
+    head = b'{"sequence":%d,"projects":[%s],"threads":[' % (shell.sequence, b",".join(shell.projects))
+    if len(threads) <= ROWS_PER_STEP:
+        return _cut(b"".join((head, b",".join(threads), b"]}")))
+    steps = [head]
+    for start in range(0, len(threads), ROWS_PER_STEP):
+        await trio.lowlevel.checkpoint()
+        steps.append((b"," if start else b"") + b",".join(threads[start : start + ROWS_PER_STEP]))
+    steps.append(b"]}")
+    await trio.lowlevel.checkpoint()
+    return _cut(b"".join(steps))
+
+
+def _cut(data: bytes, budget: int = CHUNK_BYTES) -> list[bytes]:
+    if len(data) <= budget:
+        return [data]
+    return [data[at : at + budget] for at in range(0, len(data), budget)]
 
 
 def _pieces(parts_of: Callable[[R], Parts | None]) -> Callable[[R], list[bytes] | None]:
