@@ -20,9 +20,9 @@ from live_support import Served, merge_chunks, notes_until, seed_thread, serve_a
 
 from t3d.domain import commands as c
 from t3d.live import base as b
-from t3d.live.chunks import object_bytes
+from t3d.live.chunks import Parts, chunk_objects, object_bytes
 from t3d.live.reads import BaseReader
-from t3d.live.shell_rows import Seed, ShellRows
+from t3d.live.shell_rows import ShellCopy, ShellRows, seed_of, shell_chunks
 from t3d.store import queries as q
 from t3d.store.commit import Committed, ShellRow, StoredEvent
 from t3d.store.read_classes import ReadClass
@@ -206,7 +206,7 @@ def test_commits_after_the_seed_read_s_sequence_win_over_what_it_found() -> None
     rows.apply(_row("b", 11, None))  # deleted after the read began
     rows.apply(_row("n", 12, b'{"id":"n"}'))  # created after it
     rows.apply(_row("c", 13, b'{"id":"c","v":2}'))  # changed after it
-    rows.seed(Seed(10, [("p", b'{"id":"p"}')], [("a", b'{"id":"a","v":1}'), ("b", b'{"id":"b"}'), ("c", b'{"id":"c","v":1}')]))
+    rows.seed(seed_of(10, [("p", b'{"id":"p"}')], [("a", b'{"id":"a","v":1}'), ("b", b'{"id":"b"}'), ("c", b'{"id":"c","v":1}')], {}))
     shell = rows.copy()
     assert shell.threads == (b'{"id":"a","v":1}', b'{"id":"c","v":2}', b'{"id":"n"}')
     assert shell.sequence == 13 and shell.projects == (b'{"id":"p"}',)
@@ -218,7 +218,7 @@ def test_a_row_is_remade_only_when_its_workspace_value_changes() -> None:
     values: dict[str, bytes] = {"a": b'"x"'}
     rows = ShellRows(values.get)
     rows.begin_seed()
-    rows.seed(Seed(1, [], [("a", b'{"id":"a"}'), ("b", b'{"id":"b"}')]))
+    rows.seed(seed_of(1, [], [("a", b'{"id":"a"}'), ("b", b'{"id":"b"}')], values))
     first = rows.copy()
     assert first.threads == (b'{"id":"a","workspace":"x"}', b'{"id":"b"}')
     second = rows.copy()
@@ -230,6 +230,22 @@ def test_a_row_is_remade_only_when_its_workspace_value_changes() -> None:
     del values["a"]
     rows.workspace_changed(["a"])
     assert rows.copy().threads == (b'{"id":"a"}', b'{"id":"b","workspace":"y"}')
+
+
+def test_the_shell_s_chunks_are_cut_exactly_as_chunk_objects_cuts_them() -> None:
+    """The subscribe.shell snapshot made from the in-memory rows has the chunks
+    `chunk_objects` makes of the same rows as parts: for empty shells, projects only, rows
+    of every size and budgets from tiny (one row a chunk) to large."""
+    import random
+
+    rng = random.Random(7)
+    for case in range(60):
+        projects = tuple(b'{"id":"p%d","x":"%s"}' % (n, b"y" * rng.randrange(40)) for n in range(rng.randrange(4)))
+        threads = tuple(b'{"id":"t%d","x":"%s"}' % (n, b"z" * rng.randrange(300)) for n in range(rng.randrange(0, 80)))
+        copy = ShellCopy(rng.randrange(10**6), projects, threads)
+        parts = Parts((("sequence", b"%d" % copy.sequence),), b.SHELL_LISTS, (*((0, p) for p in projects), *((1, t) for t in threads)))
+        for budget in (1, 64, 500, 4096, 1 << 20):
+            assert list(shell_chunks(copy, budget)) == chunk_objects(parts, budget), (case, budget)
 
 
 # --- the whole daemon -----------------------------------------------------------------------

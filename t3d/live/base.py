@@ -14,14 +14,12 @@ frames at or below it are dropped as duplicates.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import repeat
 
 import attrs
 import orjson
 
 from t3d.live.chunks import Parts, chunk_objects
 from t3d.live.hub import Frame
-from t3d.live.shell_rows import ShellCopy
 from t3d.live.wire import event_frame, shell_row_frame, summarize_payload, with_workspace
 from t3d.store.commit import shell_payload
 from t3d.store.queries import ShellRaw, SnapshotRaw
@@ -86,13 +84,6 @@ def shell_parts(raw: ShellRaw, workspaces: Mapping[str, bytes] = NO_WORKSPACES) 
     else:
         elements += [(1, shell_payload(*row)) for row in raw.threads]
     return Parts((("sequence", b"%d" % raw.sequence),), SHELL_LISTS, tuple(elements))
-
-
-def shell_copy_parts(shell: ShellCopy) -> Parts:
-    """The in-memory shell (shell_rows.py) as parts: the same as `shell_parts` of a read of
-    the same state."""
-    elements = (*((0, p) for p in shell.projects), *zip(repeat(1), shell.threads))
-    return Parts((("sequence", b"%d" % shell.sequence),), SHELL_LISTS, elements)
 
 
 def snapshot_of(parts: Parts, sequence: int) -> Snapshot:

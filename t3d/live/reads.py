@@ -25,9 +25,16 @@ import trio
 import trio.lowlevel
 
 from t3d.live import base as b
-from t3d.live.chunks import CHUNK_BYTES, Parts, chunk_objects, object_bytes, object_pieces
+from t3d.live.chunks import (
+    CHUNK_BYTES,
+    CHUNK_DATA_BYTES,
+    Parts,
+    chunk_objects,
+    object_bytes,
+    object_pieces,
+)
 from t3d.live.shared import SharedReads, Wave
-from t3d.live.shell_rows import Seed, ShellCopy, ShellRows
+from t3d.live.shell_rows import Seed, ShellCopy, ShellRows, seed_of, shell_chunks
 from t3d.live.wire import Path, summarize_payload, value_at
 from t3d.store import queries as q
 from t3d.store.commit import shell_payload
@@ -86,8 +93,7 @@ class BaseReader:
     async def _read_snapshot(self, key: SnapshotKey) -> b.Snapshot | None:
         thread_id, turn_limit = key
         if thread_id is None and self._shell_rows is not None:
-            shell = await self._shell_copy()
-            return b.snapshot_of(b.shell_copy_parts(shell), shell.sequence)
+            return await shell_copy_snapshot(await self._shell_copy())
         if thread_id is None:
             workspaces = self._workspaces()
             return await self._store.read(q.shell_query, lambda raw: b.decode_shell_snapshot(raw, workspaces), ReadClass.SMALL)
@@ -162,8 +168,9 @@ class BaseReader:
             async with self._seeding:
                 if not rows.seeded:
                     rows.begin_seed()  # right before the read: commits from now on are merged
+                    workspaces = self._workspaces()  # and workspace changes from now on are marked
                     try:
-                        found = await self._store.read(_seed_query, _seed_of, ReadClass.SMALL)
+                        found = await self._store.read(_seed_query, lambda raw: _seed_of(raw, workspaces), ReadClass.SMALL)
                     except BaseException:
                         rows.abort_seed()
                         raise
@@ -192,31 +199,42 @@ def _seed_query(conn: apsw.Connection) -> tuple[q.ShellRaw, list[str]]:
     return raw, [project_id for (project_id,) in conn.execute("SELECT id FROM projects ORDER BY rowid")]
 
 
-def _seed_of(found: tuple[q.ShellRaw, list[str]]) -> Seed:
+def _seed_of(found: tuple[q.ShellRaw, list[str]], workspaces: Mapping[str, bytes]) -> Seed:
     raw, project_ids = found
-    rows = [(tid, shell_payload(*row)) for tid, row in zip(raw.thread_ids, raw.threads, strict=True)]
-    return Seed(raw.sequence, list(zip(project_ids, raw.projects, strict=True)), rows)
+    threads = ((tid, shell_payload(*row)) for tid, row in zip(raw.thread_ids, raw.threads, strict=True))
+    return seed_of(raw.sequence, zip(project_ids, raw.projects, strict=True), threads, workspaces)
 
 
-# Thread rows joined per step of building a large shell response on the loop, with a
-# checkpoint between steps (about 0.1-0.5 ms each).
-ROWS_PER_STEP = 1024
+# Thread rows per piece of a shell response built from the in-memory shell: a large shell
+# is built piece by piece with a checkpoint between pieces (each a join of this many rows,
+# about 0.1 ms), so the loop runs other work meanwhile.
+ROWS_PER_PIECE = 256
 
 
 async def shell_copy_pieces(shell: ShellCopy) -> list[bytes]:
     """The shell as one JSON object (the bytes `b.shell_parts` gives for the same rows), in
-    pieces of at most 256 KiB; a large one is joined in steps, letting the loop run between."""
+    pieces of at most 256 KiB; a large one is joined piece by piece, letting the loop run."""
     threads = shell.threads
     head = b'{"sequence":%d,"projects":[%s],"threads":[' % (shell.sequence, b",".join(shell.projects))
-    if len(threads) <= ROWS_PER_STEP:
+    if len(threads) <= ROWS_PER_PIECE:
         return _cut(b"".join((head, b",".join(threads), b"]}")))
-    steps = [head]
-    for start in range(0, len(threads), ROWS_PER_STEP):
+    pieces = _cut(head)
+    for start in range(0, len(threads), ROWS_PER_PIECE):
         await trio.lowlevel.checkpoint()
-        steps.append((b"," if start else b"") + b",".join(threads[start : start + ROWS_PER_STEP]))
-    steps.append(b"]}")
-    await trio.lowlevel.checkpoint()
-    return _cut(b"".join(steps))
+        pieces += _cut((b"," if start else b"") + b",".join(threads[start : start + ROWS_PER_PIECE]))
+    pieces.append(b"]}")
+    return pieces
+
+
+async def shell_copy_snapshot(shell: ShellCopy) -> b.Snapshot:
+    """The subscribe.shell snapshot of the in-memory shell (the chunks `b.decode_shell_snapshot`
+    makes of a read of the same state), with a checkpoint between chunks of a large one."""
+    chunks = []
+    for chunk in shell_chunks(shell, CHUNK_DATA_BYTES):
+        chunks.append(chunk)
+        if len(shell.threads) > ROWS_PER_PIECE:
+            await trio.lowlevel.checkpoint()
+    return b.Snapshot(shell.sequence, tuple(chunks))
 
 
 def _cut(data: bytes, budget: int = CHUNK_BYTES) -> list[bytes]:

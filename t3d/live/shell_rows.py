@@ -49,7 +49,7 @@ growth (the seed's overlay holds at most one row per thread touched during the r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import attrs
 
@@ -74,12 +74,55 @@ class ShellCopy:
 
 @attrs.frozen
 class Seed:
-    """What a shell read found: its sequence, project bodies and thread rows (id, row
-    without workspace) in rowid order."""
+    """What a shell read found, made ready on the reader thread: its sequence, project id ->
+    body, thread id -> row as served (workspace spliced in) in rowid order, and thread id ->
+    the workspace value spliced into it (taken on the loop right before the read)."""
 
     sequence: int
-    projects: Sequence[tuple[str, bytes]]
-    threads: Sequence[tuple[str, bytes]]
+    projects: dict[str, bytes]
+    threads: dict[str, bytes]
+    spliced: dict[str, bytes]
+
+
+def seed_of(
+    sequence: int, projects: Iterable[tuple[str, bytes]], threads: Iterable[tuple[str, bytes]], workspaces: Mapping[str, bytes]
+) -> Seed:
+    """A `Seed` from a read's rows (id, row without workspace), spliced with ``workspaces``."""
+    rows: dict[str, bytes] = {}
+    spliced: dict[str, bytes] = {}
+    for thread_id, row in threads:
+        value = workspaces.get(thread_id)
+        if value is not None:
+            spliced[thread_id] = value
+        rows[thread_id] = with_workspace(row, value)
+    return Seed(sequence, dict(projects), rows, spliced)
+
+
+def shell_chunks(shell: ShellCopy, budget: int) -> Iterator[bytes]:
+    """The subscribe.shell snapshot's chunk objects, one at a time: exactly what
+    chunks.py's `chunk_objects` makes of the same rows as `Parts` (same sizes, same cuts),
+    without building a pair per row first."""
+    empty_lists = len("projects") + 6 + len("threads") + 6
+    head = b'"sequence":%d' % shell.sequence
+    size, count = 2 + empty_lists + len(head) + 1, 0
+    lists: tuple[list[bytes], list[bytes]] = ([], [])
+    for index, elements in enumerate((shell.projects, shell.threads)):
+        for element in elements:
+            grown = len(element) + (1 if lists[index] else 0)
+            if count and size + grown > budget:
+                yield _shell_chunk(head, lists)
+                head, lists = b"", ([], [])
+                size, count = 2 + empty_lists, 0
+                grown = len(element)
+            lists[index].append(element)
+            size += grown
+            count += 1
+    yield _shell_chunk(head, lists)
+
+
+def _shell_chunk(head: bytes, lists: tuple[list[bytes], list[bytes]]) -> bytes:
+    projects, threads = b",".join(lists[0]), b",".join(lists[1])
+    return b"{%s%s\"projects\":[%s],\"threads\":[%s]}" % (head, b"," if head else b"", projects, threads)
 
 
 class ShellRows:
@@ -110,6 +153,7 @@ class ShellRows:
     def begin_seed(self) -> None:
         """Call right before the seed read starts (its transaction must begin after this)."""
         self._while_threads, self._while_projects = {}, {}
+        self._dirty, self._all_dirty = set(), False
 
     def abort_seed(self) -> None:
         self._while_threads = self._while_projects = None
@@ -118,33 +162,33 @@ class ShellRows:
         """Forget everything; the next use seeds again."""
         self.abort_seed()
         self.seeded = False
+        self.sequence = 0
         self._wire, self._spliced, self._projects = {}, {}, {}
         self._dirty, self._all_dirty = set(), False
 
     def seed(self, found: Seed) -> None:
-        """Merge what the seed read found with the commits applied since `begin_seed`."""
+        """Merge what the seed read found with the commits applied since `begin_seed`. The
+        read's rows are taken whole; only rows committed after its sequence are applied over
+        them (a deleted thread goes, a new one is appended in commit order)."""
         threads = self._while_threads or {}
         projects = self._while_projects or {}
         self.abort_seed()
         head = found.sequence
-        rows: dict[str, bytes] = {}
-        for thread_id, row in found.threads:
-            sequence, newer = threads.get(thread_id, (0, None))
+        self._wire, self._spliced, self._projects = found.threads, found.spliced, found.projects
+        for thread_id, (sequence, row) in threads.items():  # in first-touch order: creation order
             if sequence <= head:
-                rows[thread_id] = row
-            elif newer is not None:
-                rows[thread_id] = newer
-        for thread_id, (sequence, later) in threads.items():  # in first-touch order: creation order
-            if sequence > head and later is not None and thread_id not in rows:
-                rows[thread_id] = later
-        merged = dict(found.projects)
+                continue  # the read saw this commit (or a later one)
+            if row is None:
+                self._wire.pop(thread_id, None)
+                self._spliced.pop(thread_id, None)
+            else:
+                self._set(thread_id, row, self.workspace(thread_id))
         for project_id, (sequence, body) in projects.items():
             if sequence > head:
-                merged[project_id] = body
-        self._projects = merged
-        self._wire, self._spliced = rows, {}
-        self._dirty, self._all_dirty = set(), True  # every row gets its workspace at the next serve
-        self.sequence = max([head, self.sequence, *(s for s, _ in threads.values()), *(s for s, _ in projects.values())])
+                self._projects[project_id] = body
+        # Workspace values that changed during the read (`_dirty`, `_all_dirty`) are rechecked
+        # at the next serve.
+        self.sequence = max(head, self.sequence)
         self.seeded = True
         self.seeds += 1
 
