@@ -5,6 +5,11 @@ happen there too, right after the transaction. Fresh snapshots of the same
 thing (the shell, or one thread at one ``turn_limit``) that are asked for at
 once share one read (`SharedReads`): a wave of resyncs costs one read.
 
+The shell is the exception: `GET /api/shell`, the fresh ``subscribe.shell`` snapshot
+and MCP's shell are served from the hub's in-memory rows (shell_rows.py), filled by one
+read on first use (`_shell_copy`) and joined on the loop from then on, piece by piece
+(with a checkpoint between pieces) when large. A shell resume's replay is still read.
+
 Resume bounds: a gap of at most `REPLAY_MAX_EVENTS` events and
 `REPLAY_MAX_BYTES` (stored payload bytes) is replayed; a larger one gets a
 fresh snapshot from the same read transaction. The shell's replay also looks
