@@ -19,9 +19,10 @@ from harness import http, new_thread, open_client, run_turn, start_daemon, wait_
 from live_support import Served, merge_chunks, notes_until, seed_thread, serve_app, ws_client
 
 from t3d.domain import commands as c
+from t3d.domain.model import TurnItem
 from t3d.live import base as b
 from t3d.live.chunks import Parts, chunk_objects, object_bytes
-from t3d.live.reads import BaseReader
+from t3d.live.reads import ROWS_PER_PIECE, BaseReader
 from t3d.live.shell_rows import ShellCopy, ShellRows, seed_of, shell_chunks
 from t3d.store import queries as q
 from t3d.store.commit import Committed, ShellRow, StoredEvent
@@ -121,6 +122,33 @@ async def test_the_cached_shell_is_byte_for_byte_a_fresh_read_after_a_mixed_work
             ours = await served.app.bases.join_snapshot((None, 0)).result()
             theirs = await served.store.read(q.shell_query, lambda raw: b.decode_shell_snapshot(raw, view.rows()), ReadClass.SMALL)
             assert ours == theirs and ours is not None and len(ours.chunks) == 1
+
+
+async def test_a_large_shell_built_piece_by_piece_equals_a_fresh_read(tmp_path: Path) -> None:
+    """A shell of more rows than one piece joins (ROWS_PER_PIECE) is built in pieces and its
+    rows' pieces reused while no row changes: after commits that move only the sequence (an
+    item update), a rename and a delete, every response equals a fresh read, and the
+    snapshot's chunks equal a read's."""
+    with trio.fail_after(120):
+        async with serve_app(tmp_path) as served:
+            store = served.store
+            await seed_thread(store, tmp_path, "t0", turns=1, items=1, output_bytes=1)
+            for n in range(1, ROWS_PER_PIECE + 40):
+                await store.execute(c.CreateThread(f"t{n}", "p", "replay", title="x" * (n % 200)))
+            await store.execute(c.StartTurn("t0", "live", "go"))
+            first = await served.app.bases.shell_pieces()
+            assert len(first) > 1 and b"".join(first) == await fresh(served)
+            item = TurnItem("late", "t0", "live", 0, "command", "completed", "ls", None, {"command": "ls"}, 0.0)
+            await store.execute(c.RecordItems("live", (item,)))
+            again = await served.app.bases.shell_pieces()
+            assert again[1:] == first[1:] and again[0] != first[0]  # the same rows, a new sequence
+            await store.execute(c.FinishTurn("live", "completed"))  # the counts catch up
+            await store.execute(c.RenameThread(f"t{ROWS_PER_PIECE}", "renamed"))
+            await store.execute(c.DeleteThread("t3"))
+            assert b"".join(await served.app.bases.shell_pieces()) == await fresh(served)
+            ours = await served.app.bases.join_snapshot((None, 0)).result()
+            theirs = await store.read(q.shell_query, b.decode_shell_snapshot, ReadClass.SMALL)
+            assert ours == theirs
 
 
 async def test_a_shell_subscriber_resuming_from_its_snapshot_misses_nothing(tmp_path: Path) -> None:

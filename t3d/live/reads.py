@@ -78,6 +78,9 @@ class BaseReader:
         # shell is served from it (seeded by one read on first use) instead of a read each time.
         self._shell_rows = shell_rows
         self._seeding = trio.Lock()
+        # The thread rows of the last shell served from memory, and its pieces: reused while
+        # no row changed (commits of item updates move only the sequence). One response's worth.
+        self._thread_pieces: tuple[tuple[bytes, ...], list[bytes]] | None = None
         self._share = share
         # Thread id -> its workspace status (encoded), copied on the loop before each shell
         # read: the rows read carry the values of that moment (t3d/live/hub.py).
@@ -155,7 +158,13 @@ class BaseReader:
     async def shell_pieces(self) -> list[bytes]:
         """The shell as one JSON object in pieces of at most 256 KiB (HTTP)."""
         if self._shell_rows is not None:
-            return await shell_copy_pieces(await self._shell_copy())
+            shell = await self._shell_copy()
+            if len(shell.threads) <= ROWS_PER_PIECE:
+                return _cut(b"".join((_shell_head(shell), b",".join(shell.threads), b"]}")))
+            made = self._thread_pieces
+            if made is None or made[0] is not shell.threads:
+                made = self._thread_pieces = (shell.threads, await thread_pieces(shell.threads))
+            return [*_cut(_shell_head(shell)), *made[1], b"]}"]
         wave = self._shell_reads.join(None)
         if not self._share:
             pieces = await wave.result()
@@ -216,18 +225,17 @@ def _seed_of(found: tuple[q.ShellRaw, list[str]], workspaces: Mapping[str, bytes
 ROWS_PER_PIECE = 256
 
 
-async def shell_copy_pieces(shell: ShellCopy) -> list[bytes]:
-    """The shell as one JSON object (the bytes `b.shell_parts` gives for the same rows), in
-    pieces of at most 256 KiB; a large one is joined piece by piece, letting the loop run."""
-    threads = shell.threads
-    head = b'{"sequence":%d,"projects":[%s],"threads":[' % (shell.sequence, b",".join(shell.projects))
-    if len(threads) <= ROWS_PER_PIECE:
-        return _cut(b"".join((head, b",".join(threads), b"]}")))
-    pieces = _cut(head)
+def _shell_head(shell: ShellCopy) -> bytes:
+    return b'{"sequence":%d,"projects":[%s],"threads":[' % (shell.sequence, b",".join(shell.projects))
+
+
+async def thread_pieces(threads: tuple[bytes, ...]) -> list[bytes]:
+    """The shell's thread rows, comma-separated, in pieces of at most 256 KiB: a join of
+    `ROWS_PER_PIECE` rows at a time, with a checkpoint between, letting the loop run."""
+    pieces: list[bytes] = []
     for start in range(0, len(threads), ROWS_PER_PIECE):
         await trio.lowlevel.checkpoint()
         pieces += _cut((b"," if start else b"") + b",".join(threads[start : start + ROWS_PER_PIECE]))
-    pieces.append(b"]}")
     return pieces
 
 

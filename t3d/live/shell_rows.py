@@ -143,6 +143,10 @@ class ShellRows:
         self._while_threads: dict[str, tuple[int, bytes | None]] | None = None
         self._while_projects: dict[str, tuple[int, bytes]] | None = None
         self.seeds = 0
+        # The rows as last copied (None: changed since): a copy after commits that moved no
+        # row (item updates) shares the same tuple, and so do the pieces made of it.
+        self._threads_copy: tuple[bytes, ...] | None = None
+        self._projects_copy: tuple[bytes, ...] | None = None
 
     # --- seeding ---------------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class ShellRows:
         self.seeded = False
         self.sequence = 0
         self._wire, self._spliced, self._projects = {}, {}, {}
+        self._threads_copy = self._projects_copy = None
         self._dirty, self._all_dirty = set(), False
 
     def seed(self, found: Seed) -> None:
@@ -175,6 +180,7 @@ class ShellRows:
         self.abort_seed()
         head = found.sequence
         self._wire, self._spliced, self._projects = found.threads, found.spliced, found.projects
+        self._threads_copy = self._projects_copy = None
         for thread_id, (sequence, row) in threads.items():  # in first-touch order: creation order
             if sequence <= head:
                 continue  # the read saw this commit (or a later one)
@@ -203,6 +209,7 @@ class ShellRows:
         for event in committed.events:
             if event.kind == "project.updated":
                 self._projects[event.entity.id] = event.payload
+                self._projects_copy = None
                 self._all_dirty = True
                 if while_projects is not None:
                     while_projects[event.entity.id] = (event.sequence, event.payload)
@@ -212,6 +219,7 @@ class ShellRows:
                 while_threads[row.thread_id] = (row.sequence, row.payload)
             if row.payload is None:
                 self._wire.pop(row.thread_id, None)
+                self._threads_copy = None
                 self._spliced.pop(row.thread_id, None)
                 self._dirty.discard(row.thread_id)
             else:
@@ -225,9 +233,14 @@ class ShellRows:
     # --- serving ---------------------------------------------------------------------------
 
     def copy(self) -> ShellCopy:
-        """The shell now, as immutable tuples of encoded rows."""
+        """The shell now, as immutable tuples of encoded rows (the same tuple objects as the
+        last copy's while no row changed)."""
         self._refresh()
-        return ShellCopy(self.sequence, tuple(self._projects.values()), tuple(self._wire.values()))
+        if self._threads_copy is None:
+            self._threads_copy = tuple(self._wire.values())
+        if self._projects_copy is None:
+            self._projects_copy = tuple(self._projects.values())
+        return ShellCopy(self.sequence, self._projects_copy, self._threads_copy)
 
     def __len__(self) -> int:
         return len(self._wire)
@@ -256,6 +269,7 @@ class ShellRows:
         return wire[: len(wire) - len(value) - len(WORKSPACE_KEY) - 1] + b"}"
 
     def _set(self, thread_id: str, row: bytes, value: bytes | None) -> None:
+        self._threads_copy = None
         self._wire[thread_id] = with_workspace(row, value)
         if value is None:
             self._spliced.pop(thread_id, None)
