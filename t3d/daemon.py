@@ -273,6 +273,7 @@ async def _run_daemon(
                     metrics=observer.exposition,
                     metrics_open=settings.metrics_open,
                 )
+                observer.watch_waiters(app.methods.waiters)
                 port = await nursery.start(partial(serve_api_transport, stats=transport), app, settings.host, settings.port)
                 bound[0] = port
                 url = attrs.evolve(settings, port=port).url

@@ -7,6 +7,13 @@ refused, as its ``inputSchema`` says) and answers with a text a model can read a
 same data as ``structuredContent``. Every failure, a bad argument included, is a tool
 result with ``isError: true`` whose text names the problem and the fix; the protocol's own
 errors (an unknown tool) are mcp.py's.
+
+wait_for_request is the hot one: a commit that opens a request wakes every bot waiting, so
+its result is encoded once per set of requests found (`McpTools.wake_reply`) and shared by
+every waiter woken with the same ones; only the JSON-RPC id and framing differ per reply.
+``T3D_BENCH_WAKE_REPLY=per-waiter`` in the daemon's environment (a benchmark's A/B switch,
+not a setting) builds it per waiter instead, decoding the method's result and encoding it
+again as every other tool does.
 """
 
 from __future__ import annotations
@@ -19,16 +26,30 @@ import attrs
 import orjson
 
 from t3d.api.jsonrpc import INVALID_PARAMS, Params, RpcError
-from t3d.api.methods import RUNTIME_MODES, WAIT_DEFAULT_S, WAIT_MAX_S, Methods
+from t3d.api.methods import RUNTIME_MODES, WAIT_DEFAULT_S, WAIT_LIMIT_DEFAULT, WAIT_MAX_S, Methods
 from t3d.domain.model import DECISIONS, PROVIDERS, TERMINAL_TURN_STATUSES
 from t3d.errors import T3dError
+from t3d.live.waiters import Found
 
 THREAD_STATUSES = ("idle", "running", "waiting", "queued")
 LIST_DEFAULT, LIST_MAX = 100, 1000
 TEXT_CHARS = 4000  # assistant text shown in a tool's text (structuredContent has it whole)
 
+# wait_for_request results kept for the waiters woken by the same commit (a few commits'
+# worth; the oldest is dropped at the bound).
+WAKE_REPLIES = 32
+SHARED_WAKE_REPLIES = os.environ.get("T3D_BENCH_WAKE_REPLY") != "per-waiter"
+
 Json = dict[str, Any]
 Output = tuple[str, Json]  # (text for the model, structuredContent)
+
+
+@attrs.frozen
+class Built:
+    """A tool's whole result, already encoded (``content`` and ``structuredContent`` as
+    `orjson.Fragment`): what `McpTools.call` returns as it is."""
+
+    result: Json
 
 
 def _s(description: str, **extra: Any) -> Json:
@@ -51,7 +72,7 @@ class Tool:
     title: str
     description: str
     input_schema: Json
-    run: Callable[[McpTools, Params], Awaitable[Output]]
+    run: Callable[[McpTools, Params], Awaitable[Output | Built]]
 
     def listing(self) -> Json:
         return {"name": self.name, "title": self.title, "description": self.description, "inputSchema": self.input_schema}
@@ -62,6 +83,9 @@ class McpTools:
         self.methods = methods
         self.shell = shell
         self._tools = {tool.name: tool for tool in TOOLS}
+        # wait_for_request's result by what it carries: every waiter a commit wakes with
+        # the same requests (same filter, any cursor before them) shares one encoding.
+        self.wake_replies: dict[tuple[Found, ...], Json] = {}
 
     def listing(self) -> list[Json]:
         return [tool.listing() for tool in TOOLS]
@@ -72,17 +96,31 @@ class McpTools:
     async def call(self, name: str, arguments: Json) -> Json:
         tool = self._tools[name]
         try:
-            text, data = await tool.run(self, Params(arguments, name))
+            output = await tool.run(self, Params(arguments, name))
         except RpcError as exc:
             hint = " (tools/list gives each tool's inputSchema)" if exc.code == INVALID_PARAMS else ""
             return _error(f"{name}: {exc.message}{hint}")
         except T3dError as exc:
             return _error(f"{name}: {exc}")
+        if isinstance(output, Built):
+            return output.result
+        text, data = output
         return {"content": [{"type": "text", "text": text}, {"type": "text", "text": orjson.dumps(data).decode()}], "structuredContent": data, "isError": False}
 
     async def rpc(self, method: str, **params: Any) -> Any:
         """A JSON-RPC method's result as plain JSON values (encoded fragments decoded)."""
         return orjson.loads(orjson.dumps(await self.methods.call(method, {k: v for k, v in params.items() if v is not None})))
+
+    def wake_reply(self, found: list[Found]) -> Json:
+        """The result for a wait that found ``found`` (sorted): built once per set of requests."""
+        key = tuple(found)
+        result = self.wake_replies.get(key)
+        if result is None:
+            result = _wait_reply(found)
+            if len(self.wake_replies) >= WAKE_REPLIES:
+                del self.wake_replies[next(iter(self.wake_replies))]
+            self.wake_replies[key] = result
+        return result
 
     async def snapshot(self, thread_id: str, turn_limit: int) -> Json:
         return await self.rpc("thread.snapshot", thread_id=thread_id, turn_limit=turn_limit)  # type: ignore[no-any-return]
@@ -170,18 +208,43 @@ async def list_requests(t: McpTools, p: Params) -> Output:
     return "\n".join(lines), {"requests": requests}
 
 
-async def wait_for_request(t: McpTools, p: Params) -> Output:
+async def wait_for_request(t: McpTools, p: Params) -> Output | Built:
     thread_id = p.opt_str("thread_id", max_len=200)
     after = p.opt_int("after", default=0, low=0, high=1 << 62)
     timeout = p.opt_int("timeout_s", default=WAIT_DEFAULT_S, low=0, high=WAIT_MAX_S)
     p.check()
-    result = await t.rpc("requests.wait", thread_id=thread_id, after=after, timeout=timeout)
+    if not SHARED_WAKE_REPLIES:
+        return await _wait_per_waiter(t, thread_id, after, timeout)
+    found, cursor = await t.methods.wait_found(after, thread_id, timeout, WAIT_LIMIT_DEFAULT)
+    if not found:
+        return f"No request opened within {timeout} s. Call wait_for_request again with after={cursor}.", {"requests": [], "cursor": cursor}
+    result = t.wake_reply(found)
+    t.methods.waiters.replied(found, "mcp")
+    return Built(result)
+
+
+async def _wait_per_waiter(t: McpTools, thread_id: str | None, after: int, timeout_s: int) -> Output:
+    """wait_for_request as every other tool: the method's result decoded, encoded per waiter."""
+    result = await t.rpc("requests.wait", thread_id=thread_id, after=after, timeout=timeout_s)
     requests, cursor = result["requests"], result["cursor"]
     if not requests:
-        return f"No request opened within {timeout} s. Call wait_for_request again with after={cursor}.", result
+        return f"No request opened within {timeout_s} s. Call wait_for_request again with after={cursor}.", result
     lines = [f"{len(requests)} pending request(s); answer each with respond_to_request, then call wait_for_request with after={cursor}:"]
     lines += [f"- {_request_line(r)}" for r in requests]
     return "\n".join(lines), result
+
+
+def _wait_reply(found: list[Found]) -> Json:
+    """wait_for_request's result for ``found`` (sorted, not empty), encoded: the requests'
+    wire JSON is spliced in, not decoded and encoded again."""
+    cursor = found[-1][0]
+    listed = b"[" + b",".join(wire for _, _, wire in found) + b"]"
+    structured = b'{"requests":' + listed + b',"cursor":' + str(cursor).encode() + b"}"
+    requests = orjson.loads(listed)
+    lines = [f"{len(requests)} pending request(s); answer each with respond_to_request, then call wait_for_request with after={cursor}:"]
+    lines += [f"- {_request_line(r)}" for r in requests]
+    content = orjson.dumps([{"type": "text", "text": "\n".join(lines)}, {"type": "text", "text": structured.decode()}])
+    return {"content": orjson.Fragment(content), "structuredContent": orjson.Fragment(structured), "isError": False}
 
 
 async def respond_to_request(t: McpTools, p: Params) -> Output:

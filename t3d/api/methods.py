@@ -40,7 +40,7 @@ from t3d.domain.model import (
 )
 from t3d.errors import DomainError
 from t3d.live.reads import BaseReader
-from t3d.live.waiters import RequestWaiters, Waiter, WaitersFull
+from t3d.live.waiters import Found, RequestWaiters, Waiter, WaitersFull
 from t3d.live.wire import summarize_payload
 from t3d.store import queries as q
 from t3d.store.queries import DEFAULT_TURN_LIMIT, MAX_TURN_LIMIT
@@ -391,6 +391,18 @@ class Methods:
         timeout = p.opt_int("timeout", default=WAIT_DEFAULT_S, low=0, high=WAIT_MAX_S)
         limit = p.opt_int("limit", default=WAIT_LIMIT_DEFAULT, low=1, high=WAIT_LIMIT_MAX)
         p.check()
+        found, cursor = await self.wait_found(after, thread_id, timeout, limit, owner=owner)
+        if not found:
+            return {"requests": [], "cursor": cursor}
+        result = _wait_result(found)
+        self.waiters.replied(found, "rpc")
+        return result
+
+    async def wait_found(
+        self, after: int, thread_id: str | None, timeout_s: float, limit: int, *, owner: object | None = None
+    ) -> tuple[list[Found], int]:
+        """`requests_wait` with checked params: what it found (sorted by opening sequence)
+        and the cursor to pass next (the last one's sequence; with none, where to go on)."""
         await self._seed_waiters()
         waiter = Waiter(after, thread_id, limit, owner)
         try:
@@ -399,18 +411,20 @@ class Methods:
             raise RpcError(UNAVAILABLE, str(exc)) from None
         try:
             found = await self._found_now(waiter)
+            if not found:
+                # From now on every matching request that opens is handed to the waiter.
+                with trio.move_on_after(timeout_s):
+                    while not waiter.found:
+                        woken = trio.Event()
+                        waiter.wake = woken.set
+                        await woken.wait()
+                found = list(waiter.found)
             if found:
-                return _wait_result(found)
-            # From now on every matching request that opens is handed to the waiter.
-            with trio.move_on_after(timeout):
-                while not waiter.found:
-                    woken = trio.Event()
-                    waiter.wake = woken.set
-                    await woken.wait()
-                return _wait_result(waiter.found)
+                found.sort()
+                return found, found[-1][0]
             if self.waiters.pending_after(after, thread_id, 1):  # never skip an indexed one
-                return {"requests": [], "cursor": after}
-            return {"requests": [], "cursor": max(after, self.waiters.last_sequence)}
+                return [], after
+            return [], max(after, self.waiters.last_sequence)
         finally:
             self.waiters.remove(waiter)
 
@@ -480,10 +494,10 @@ class Methods:
         return {"id": entity_id, "path": path, "value": value}
 
 
-def _wait_result(found: list[tuple[int, str, bytes]]) -> dict[str, Any]:
-    """A long-poll's reply: the requests in opening order, and the cursor after the last."""
-    ordered = sorted(found)
+def _wait_result(found: list[Found]) -> dict[str, Any]:
+    """A long-poll's reply: the requests in opening order (``found`` is sorted), and the
+    cursor after the last."""
     return {
-        "requests": orjson.Fragment(b"[" + b",".join(wire for _, _, wire in ordered) + b"]"),
-        "cursor": ordered[-1][0],
+        "requests": orjson.Fragment(b"[" + b",".join(wire for _, _, wire in found) + b"]"),
+        "cursor": found[-1][0],
     }

@@ -25,10 +25,19 @@ Rules (every bound has its policy):
 - At most ``max_pending`` pending requests are indexed. One more is not indexed: the index
   is marked overflowed, long-polls refuse with `WaitersFull` until a re-read of the
   database (done by the driver while the index is overflowed) fits again.
+
+A commit wakes the waiters of the request's own thread before those of every thread (a
+thread's own bot is the one that answers); trio may still run one batch of woken tasks in
+either order. Timing for ``/metrics`` (t3d/observe/metrics.py sets the hooks): per request
+opened, seconds from its ``created_at`` (when its command was handed to the writer) to its
+commit reaching `on_commit`; per request a long-poll reply carries, seconds from that
+commit to the reply being built (`replied`, called by the driver with no await before the
+transport writes it). Requests found by the seed read have no commit time and are not timed.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -55,9 +64,18 @@ class PendingRequest:
     request_id: str
     thread_id: str
     sequence: int  # of the request.updated event that opened it
+    committed_at: float = 0.0  # time.monotonic() when its commit reached on_commit; 0: not known
 
 
 def _ignore() -> None:
+    return None
+
+
+def _ignore_seconds(seconds: float) -> None:
+    return None
+
+
+def _ignore_reply(via: str, seconds: float) -> None:
     return None
 
 
@@ -102,6 +120,10 @@ class RequestWaiters:
         # While a seed read runs: requests closed and threads deleted since it began.
         self._closed_while_seeding: set[str] | None = None
         self._deleted_while_seeding: set[str] | None = None
+        # Timing hooks (seconds): created_at to commit per opened request; commit to reply
+        # (``via``: the transport family, "mcp" or "rpc") per request a reply carries.
+        self.on_committed: Callable[[float], None] = _ignore_seconds
+        self.on_replied: Callable[[str, float], None] = _ignore_reply
 
     # --- the index -------------------------------------------------------------------------
 
@@ -161,6 +183,9 @@ class RequestWaiters:
             if event.kind == "request.updated":
                 status: Any = getattr(event.entity, "status", None)
                 if status == "pending":
+                    created: Any = getattr(event.entity, "created_at", None)
+                    if isinstance(created, float | int):
+                        self.on_committed(max(0.0, time.time() - created))
                     self._opened(event.entity.id, event.thread_id or "", event.sequence, event.payload)
                 else:
                     self._closed(event.entity.id)
@@ -172,9 +197,10 @@ class RequestWaiters:
             if len(self._pending) >= self.max_pending:
                 self.overflowed = True
             else:
-                self._pending[request_id] = PendingRequest(request_id, thread_id, sequence)
+                self._pending[request_id] = PendingRequest(request_id, thread_id, sequence, time.monotonic())
         wire: bytes | None = None
-        for waiter in (*self._waiters.get(None, ()), *self._waiters.get(thread_id, ())):
+        # The thread's own waiters first: its bot is the one that answers.
+        for waiter in (*self._waiters.get(thread_id, ()), *self._waiters.get(None, ())):
             if sequence > waiter.after and len(waiter.found) < waiter.limit:
                 if wire is None:
                     wire = summarize_payload(payload)  # once, shared by every waiter
@@ -196,6 +222,15 @@ class RequestWaiters:
             self._deleted_while_seeding.add(thread_id)
         for request in [r for r in self._pending.values() if r.thread_id == thread_id]:
             self._closed(request.request_id)
+
+    def replied(self, found: Iterable[Found], via: str) -> None:
+        """Time a long-poll reply that carries ``found``, built just now (see the module doc)."""
+        now = None
+        for _, request_id, _ in found:
+            request = self._pending.get(request_id)
+            if request is not None and request.committed_at:
+                now = time.monotonic() if now is None else now
+                self.on_replied(via, max(0.0, now - request.committed_at))
 
     # --- waiters ---------------------------------------------------------------------------
 

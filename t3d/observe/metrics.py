@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # what it reads, by type only: nothing here imports the API o
     from t3d.api.transport import TransportStats
     from t3d.gc_tuning import GcPauses
     from t3d.live.hub import Hub
+    from t3d.live.waiters import RequestWaiters
     from t3d.loop_monitor import LoopMonitor
     from t3d.pressure.sampler import PressureSampler
     from t3d.sessions import Sessions
@@ -66,6 +67,12 @@ WRITER_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 BATCH_JOBS = (1, 2, 4, 8, 16, 32, 64)
 GC_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 SCRAPE_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25)
+# Runtime requests: fine from 5 to 200 ms (the approval goal is 50 ms), coarse beyond.
+REQUEST_SECONDS = (
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1,
+    0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+WAIT_VIAS = ("mcp", "rpc")
 
 
 @attrs.define
@@ -139,6 +146,10 @@ class Observer:
         for generation in range(3):  # every series from the first scrape on
             self.gc_pauses.series[(str(generation),)] = Histogram(GC_SECONDS)
         self.scrapes = Histogram(SCRAPE_SECONDS)
+        self.request_commits = Histogram(REQUEST_SECONDS)
+        self.wait_replies = Histograms(REQUEST_SECONDS, max_series=len(WAIT_VIAS))
+        for via in WAIT_VIAS:
+            self.wait_replies.series[(via,)] = Histogram(REQUEST_SECONDS)
         self.spawner = SpawnerWatch(sources.spawner)
         sources.monitor.on_sample(self._on_lag_sample)
         sources.monitor.describe_stall = self.describe_stall
@@ -159,6 +170,14 @@ class Observer:
 
     def _on_gc(self, generation: int, seconds: float) -> None:
         self.gc_pauses.observe((str(generation),), seconds)
+
+    def watch_waiters(self, waiters: RequestWaiters) -> None:
+        """Time the runtime requests the long-poll registry sees (t3d/live/waiters.py)."""
+        waiters.on_committed = self.request_commits.observe
+        waiters.on_replied = self._on_wait_reply
+
+    def _on_wait_reply(self, via: str, seconds: float) -> None:
+        self.wait_replies.observe((via,), seconds)
 
     # --- served ---------------------------------------------------------------------------
 
@@ -233,6 +252,11 @@ class Observer:
         yield x.histogram("t3d_writer_job_seconds", "commit latency: a job's time from submission to its outcome on the loop", self.writer_jobs)
         yield x.histogram("t3d_writer_transaction_seconds", "the writer thread's time per transaction", self.writer_transactions)
         yield x.histogram("t3d_writer_batch_jobs", "jobs per writer transaction", self.batch_jobs)
+        yield x.histogram("t3d_request_commit_seconds", "runtime requests opened: from the request's created_at (its command handed to the writer) to its commit applied on the loop", self.request_commits)
+        replies = x.histogram("t3d_request_wait_reply_seconds", "per runtime request a requests.wait reply carries: from the request's commit applied on the loop to the reply built for the transport, by transport (mcp: /mcp wait_for_request; rpc: JSON-RPC and HTTP)")
+        for (via,), h in sorted(self.wait_replies.series.items()):
+            replies.histogram(h, (("via", via),))
+        yield replies
         yield x.gauge("t3d_database_unavailable", "1 while the database cannot take writes (a full disk, another process's lock)", int(stats.unavailable is not None))
         yield x.gauge("t3d_database_unavailable_seconds", "how long the database has been unable to take writes (0 when it can)", stats.unavailable_s)
         yield x.gauge("t3d_writes_held", "provider updates held until the database takes writes again", stats.writes_held)
