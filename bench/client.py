@@ -146,12 +146,14 @@ class HttpClient:
             self._stream = None
 
     async def request(
-        self, method: str, path: str, body: Any = None, headers: list[tuple[str, str]] | None = None
+        self, method: str, path: str, body: Any = None, headers: list[tuple[str, str]] | None = None,
+        *, decode: bool = True,
     ) -> Any:
-        """Send one request; return the decoded JSON body. Retries once on a closed connection."""
+        """Send one request; return the decoded JSON body (``decode=False``: the raw bytes).
+        Retries once on a closed connection."""
         for attempt in (1, 2):
             try:
-                return await self._request_once(method, path, body, headers or [])
+                return await self._request_once(method, path, body, headers or [], decode)
             except (
                 trio.BrokenResourceError,
                 trio.ClosedResourceError,
@@ -164,7 +166,7 @@ class HttpClient:
         raise AssertionError("unreachable")
 
     async def _request_once(
-        self, method: str, path: str, body: Any, extra: list[tuple[str, str]]
+        self, method: str, path: str, body: Any, extra: list[tuple[str, str]], decode: bool = True
     ) -> Any:
         if self._stream is None or self._conn.our_state is not h11.IDLE:
             await self.aclose()
@@ -204,6 +206,8 @@ class HttpClient:
             conn.start_next_cycle()
         if status >= 400:
             raise HttpError(method, path, status, raw)
+        if not decode:
+            return raw
         return orjson.loads(raw) if raw else None
 
 

@@ -48,6 +48,8 @@ STEADY_EXTRAS = (
     "event_delay_max_ms", "probe_events_missed",
     "approval_seen_p50_ms", "approval_seen_p95_ms", "approval_answered_p50_ms", "approval_answered_p95_ms",
     "approvals_measured", "poller_calls",
+    "approval_commit_p50_ms", "approval_commit_p95_ms", "approval_reply_p50_ms", "approval_reply_p95_ms",
+    "approval_replies",
     "scrapes", "scrape_failures", "scrape_p50_ms", "scrape_p99_ms", "scrape_max_ms", "scrape_kib",
 )  # fmt: skip
 # With --restart-every (bench/restart.py); None otherwise.
@@ -80,6 +82,8 @@ class Inputs:
     scrapes: Sequence[Sequence[Any]] | None = None
     # The fixture's mean stdout lines per turn (for CPU per 1,000 provider lines).
     lines_per_turn: float | None = None
+    # The daemon's GET /metrics bodies at the window's start and end.
+    metrics_span: tuple[str, str] | None = None
 
 
 def turns_of(load: dict[str, Any]) -> list[dict[str, Any]]:
@@ -238,6 +242,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
         percentile(polls["shell_ms"], 50),
     )
     _approvals(polls, fig, missing)
+    _approvals_from_commit(i.metrics_span, fig, missing)
     fig["snapshot_polls"], fig["snapshot_p50_ms"] = (
         snap["polls"],
         percentile(snap["snapshot_ms"], 50),
@@ -305,6 +310,79 @@ def _approvals(polls: dict[str, Any], fig: dict[str, Any], missing: dict[str, st
         fig["approval_answered_p50_ms"], fig["approval_answered_p95_ms"] = percentile(answered, 50), percentile(answered, 95)
     fig["approvals_measured"] = None if seen is None else len(seen)
     fig["poller_calls"] = polls.get("calls")
+
+
+COMMIT_HISTOGRAM = "t3d_request_commit_seconds"
+REPLY_HISTOGRAM = "t3d_request_wait_reply_seconds"
+
+
+def _approvals_from_commit(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str]) -> None:
+    """Approval latency as the daemon measured it over the window (its /metrics histograms'
+    bucket deltas): a request's created_at to its commit applied, and its commit to each
+    long-poll reply that carries it built for the transport (every bot woken, every transport)."""
+    names = ("approval_commit_p50_ms", "approval_commit_p95_ms", "approval_reply_p50_ms", "approval_reply_p95_ms", "approval_replies")
+    if span is None:
+        for name in names:
+            fig[name] = None
+            missing[name] = "GET /metrics could not be read at both edges of the window"
+        return
+    for prefix, histogram in (("approval_commit", COMMIT_HISTOGRAM), ("approval_reply", REPLY_HISTOGRAM)):
+        start, end = histogram_buckets(span[0], histogram), histogram_buckets(span[1], histogram)
+        if not end:
+            for q in (50, 95):
+                fig[f"{prefix}_p{q}_ms"] = None
+                missing[f"{prefix}_p{q}_ms"] = f"this daemon's /metrics has no {histogram}"
+            continue
+        deltas = bucket_deltas(start, end)
+        for q in (50, 95):
+            value = bucket_quantile(deltas, q / 100)
+            fig[f"{prefix}_p{q}_ms"] = None if value is None else value * 1000
+            if value is None:
+                missing[f"{prefix}_p{q}_ms"] = "no runtime request in the window"
+        if prefix == "approval_reply":
+            fig["approval_replies"] = deltas[-1][1] if deltas else 0
+
+
+def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
+    """A Prometheus text body's histogram ``name`` as (le, cumulative count), every label
+    set (but ``le``) summed, by ascending ``le`` (+Inf last); [] if it is absent."""
+    lead = name + "_bucket{"
+    sums: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(lead):
+            continue
+        labels, _, value = line[len(lead):].rpartition("} ")
+        le = next((part[4:-1] for part in labels.split(",") if part.startswith('le="')), None)
+        if le is None:
+            continue
+        bound = float("inf") if le == "+Inf" else float(le)
+        sums[bound] = sums.get(bound, 0.0) + float(value)
+    return sorted(sums.items())
+
+
+def bucket_deltas(start: list[tuple[float, float]], end: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``end`` minus ``start`` per bucket (a bucket absent at the start counts 0 there)."""
+    before = dict(start)
+    return [(le, count - before.get(le, 0.0)) for le, count in end]
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The ``q`` quantile of cumulative buckets, interpolated linearly inside its bucket
+    (as Prometheus' histogram_quantile); in the +Inf bucket, the highest finite bound.
+    None with no observation."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return lower
+            if count == below:
+                return le
+            return lower + (le - lower) * (rank - below) / (count - below)
+        lower, below = le, count
+    return lower
 
 
 def _switches_and_slow_clients(load: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:

@@ -135,6 +135,15 @@ async def _saturated_s(client: HttpClient) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+async def _metrics(client: HttpClient) -> str | None:
+    """The daemon's GET /metrics body (for its histograms' deltas over the window)."""
+    try:
+        body = await client.request("GET", "/metrics", decode=False)
+    except (HttpError, OSError, trio.BrokenResourceError):
+        return None
+    return body.decode("utf-8", "replace") if isinstance(body, bytes) else None
+
+
 async def _stop_process(process: trio.Process) -> None:
     with trio.CancelScope(shield=True):
         if process.returncode is None:
@@ -159,6 +168,7 @@ async def run_once(spec: RunSpec) -> RunResult:
     t0 = time.monotonic()
     span: list[int | None] = [None, None]
     gate: list[float | None] = [None, None]
+    scraped: list[str | None] = [None, None]  # GET /metrics at the window's start and end
     sampler: Sampler | None = None
     restarts: list[r.RestartRecord] = []
     try:
@@ -172,7 +182,7 @@ async def run_once(spec: RunSpec) -> RunResult:
                 str(state.git_log) if state.git_log else None,
                 str(state.root / "t3d.sqlite"),
             )
-            t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, gate, errors, restarts)
+            t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, gate, scraped, errors, restarts)
             if restarts:
                 await trio.to_thread.run_sync(r.settle, restarts[-1])
             errors.extend(
@@ -197,7 +207,7 @@ async def run_once(spec: RunSpec) -> RunResult:
         (notes if restarts else errors).append(
             f"the spawner (pid {spawner}) outlived the daemon and was killed"
         )
-    result = _result(spec, turn_s, load_out, probe_out, sampler, span, gate, t0, errors, notes)
+    result = _result(spec, turn_s, load_out, probe_out, sampler, span, gate, scraped, t0, errors, notes)
     if spec.restart_every_s is not None:
         await trio.to_thread.run_sync(_restart_result, spec, result, restarts, load_out, state, t0)
     else:
@@ -210,7 +220,7 @@ async def run_once(spec: RunSpec) -> RunResult:
 async def _drive(
     spec: RunSpec, daemon: d.RunningDaemon, sampler: Sampler, turn_s: float,
     load_out: Path, probe_out: Path, span: list[int | None], gate: list[float | None],
-    errors: list[str], restarts: list[r.RestartRecord],
+    scraped: list[str | None], errors: list[str], restarts: list[r.RestartRecord],
 ) -> float:  # fmt: skip
     config = {
         "port": daemon.port, "token": daemon.token, "project": str(daemon.state.project),
@@ -266,9 +276,9 @@ async def _drive(
                         r.run_restarts, daemon, sampler, spec.restart_every_s, spec.restart_signal, start, end, restarts
                     )
                 await trio.sleep(max(0.0, start - time.monotonic()))
-                span[0], gate[0] = await _sequence(client), await _saturated_s(client)
+                span[0], gate[0], scraped[0] = await _sequence(client), await _saturated_s(client), await _metrics(client)
                 await trio.sleep(max(0.0, end - time.monotonic()))
-                span[1], gate[1] = await _sequence(client), await _saturated_s(client)
+                span[1], gate[1], scraped[1] = await _sequence(client), await _saturated_s(client), await _metrics(client)
             with trio.move_on_at(
                 trio_deadline(end + (BURST_TIMEOUT_S if spec.profile.burst else 0) + FINISH_GRACE_S)
             ):
@@ -337,8 +347,8 @@ def _remove_state(root: Path) -> None:
 
 def _result(
     spec: RunSpec, turn_s: float, load_out: Path, probe_out: Path, sampler: Sampler | None,
-    span: list[int | None], gate: list[float | None], t0: float, errors: list[str],
-    notes: list[str],
+    span: list[int | None], gate: list[float | None], scraped: list[str | None], t0: float,
+    errors: list[str], notes: list[str],
 ) -> RunResult:  # fmt: skip
     for held in ("load-config", "scrape-config"):  # they hold the daemon's token
         (spec.out / f"{spec.label}.{held}.json").unlink(missing_ok=True)
@@ -366,6 +376,7 @@ def _result(
         len(sampler.daemon_children_seen) if sampler else None,
         orjson.loads(spec.scrapes_path.read_bytes()) if spec.scrapes_path.exists() else None,
         fixture_lines_per_turn(spec.profile, spec.provider, spec.sessions, spec.fixture),
+        (scraped[0], scraped[1]) if scraped[0] is not None and scraped[1] is not None else None,
     )  # fmt: skip
     fig, missing = (figures.burst_figures if spec.profile.burst else figures.steady_figures)(inputs)
     fig["harness_errors"] = errors

@@ -15,8 +15,10 @@ import pytest
 import trio
 from harness import new_thread, open_client, run_turn, start_daemon, wait_until
 
+from bench import figures
 from bench.__main__ import configurations, described_configurations, pollers_of
 from bench.actors import Errors, PollerStats, Window, run_mcp_poller, run_poller
+from bench.client import HttpClient
 
 READ, EDIT = "Please READ notes.txt", "Now EDIT notes.txt"
 
@@ -25,12 +27,16 @@ READ, EDIT = "Please READ notes.txt", "Now EDIT notes.txt"
 async def test_a_poller_allows_its_threads_prompt_and_records_the_approval_latency(tmp_path: Path, nursery: trio.Nursery, kind: str) -> None:
     """The poller (HTTP: pending list every 0.2 s; MCP: wait_for_request long-polls) allows the
     Edit prompt of a thread it owns, and records, for that request opened in the window, the
-    time from its opening to the poller seeing it and to the answer committed (seen first)."""
+    time from its opening to the poller seeing it and to the answer committed (seen first).
+    The daemon's /metrics, read before and after, give the figures from the commit: one
+    request committed, one long-poll reply carrying it (MCP; HTTP polling makes none)."""
     with trio.fail_after(60):
         daemon = await start_daemon(nursery, tmp_path / "state")
+        scraper = HttpClient(daemon.info.port, daemon.token)
         async with open_client(daemon) as client:
             thread_id = await new_thread(client, tmp_path)
             assert (await run_turn(client, thread_id, READ)).turn["status"] == "completed"
+            before = (await scraper.request("GET", "/metrics", decode=False)).decode()
             now = time.monotonic()
             window = Window(now, now, now + 60)
             stats, errors = PollerStats(), Errors()
@@ -43,6 +49,16 @@ async def test_a_poller_allows_its_threads_prompt_and_records_the_approval_laten
                 await client.wait_event(lambda d: d["kind"] == "turn.updated" and d["entity"]["id"] == turn_id and d["entity"]["status"] == "completed")
                 await wait_until(lambda: stats.answered_ms)
                 pollers.cancel_scope.cancel()
+            after = (await scraper.request("GET", "/metrics", decode=False)).decode()
+            await scraper.aclose()
+        fig: dict[str, object] = {}
+        missing: dict[str, str] = {}
+        figures._approvals_from_commit((before, after), fig, missing)
+        assert fig["approval_commit_p50_ms"] is not None and 0 <= fig["approval_commit_p95_ms"] < 30_000  # type: ignore[operator]
+        if kind == "mcp":
+            assert fig["approval_replies"] == 1 and 0 <= fig["approval_reply_p95_ms"] < 30_000  # type: ignore[operator]
+        else:
+            assert fig["approval_replies"] == 0 and "approval_reply_p50_ms" in missing
         assert errors.counts == {} and stats.approvals == 1
         [seen], [answered] = stats.seen_ms, stats.answered_ms
         assert 0 <= seen <= answered < 30_000
@@ -67,3 +83,44 @@ def test_pollers_make_configurations_a_and_b_or_set_every_run() -> None:
         pollers_of(args("ws"))
     with pytest.raises(SystemExit, match="drop --compare"):
         pollers_of(args("http,mcp", compare="T3D_X=1"))
+
+
+METRICS = """# TYPE t3d_request_wait_reply_seconds histogram
+t3d_request_wait_reply_seconds_bucket{via="mcp",le="0.01"} %d
+t3d_request_wait_reply_seconds_bucket{via="mcp",le="0.05"} %d
+t3d_request_wait_reply_seconds_bucket{via="mcp",le="+Inf"} %d
+t3d_request_wait_reply_seconds_sum{via="mcp"} 1.0
+t3d_request_wait_reply_seconds_count{via="mcp"} %d
+t3d_request_wait_reply_seconds_bucket{via="rpc",le="0.01"} %d
+t3d_request_wait_reply_seconds_bucket{via="rpc",le="0.05"} %d
+t3d_request_wait_reply_seconds_bucket{via="rpc",le="+Inf"} %d
+t3d_request_wait_reply_seconds_count{via="rpc"} %d
+t3d_request_wait_reply_seconds_other_bucket{le="0.01"} 999
+"""
+
+
+def test_approval_figures_from_the_commit_come_from_the_histograms_window_deltas() -> None:
+    """The bucket lines of one histogram are summed over its label sets (but le), the
+    window's figures come from end minus start per bucket, and a quantile is interpolated
+    inside its bucket (the +Inf bucket gives the highest finite bound); with no observation in
+    the window, or no such histogram, the figure is None and says why."""
+    start = METRICS % (10, 10, 10, 10, 5, 5, 5, 5)
+    # In the window: mcp 20 in (0, 10 ms], 60 in (10, 50 ms], 20 above; rpc 0.
+    end = METRICS % (30, 90, 110, 110, 5, 5, 5, 5)
+    assert figures.histogram_buckets(start, "t3d_request_wait_reply_seconds") == [(0.01, 15.0), (0.05, 15.0), (float("inf"), 15.0)]
+    deltas = figures.bucket_deltas(figures.histogram_buckets(start, "t3d_request_wait_reply_seconds"), figures.histogram_buckets(end, "t3d_request_wait_reply_seconds"))
+    assert deltas == [(0.01, 20.0), (0.05, 80.0), (float("inf"), 100.0)]
+    assert figures.bucket_quantile(deltas, 0.1) == pytest.approx(0.005)
+    assert figures.bucket_quantile(deltas, 0.5) == pytest.approx(0.01 + 0.04 * 30 / 60)
+    assert figures.bucket_quantile(deltas, 0.95) == 0.05
+    assert figures.bucket_quantile([(0.01, 0.0), (float("inf"), 0.0)], 0.5) is None
+    assert figures.histogram_buckets(start, "t3d_absent") == []
+    fig: dict[str, object] = {}
+    missing: dict[str, str] = {}
+    figures._approvals_from_commit((start, end), fig, missing)
+    assert fig["approval_reply_p50_ms"] == pytest.approx(30.0) and fig["approval_replies"] == 100.0
+    assert fig["approval_commit_p50_ms"] is None and "t3d_request_commit_seconds" in missing["approval_commit_p50_ms"]
+    figures._approvals_from_commit((start, start), fig, missing)
+    assert fig["approval_reply_p95_ms"] is None and missing["approval_reply_p95_ms"] == "no runtime request in the window"
+    figures._approvals_from_commit(None, fig, missing)
+    assert fig["approval_replies"] is None and "GET /metrics" in missing["approval_replies"]

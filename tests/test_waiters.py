@@ -6,6 +6,8 @@ entity's encoded payload), so each test pins what `on_commit` makes of a real co
 
 from __future__ import annotations
 
+import time
+from functools import partial
 from typing import Any
 
 import attrs
@@ -183,3 +185,39 @@ def test_the_index_always_holds_exactly_the_pending_requests_newer_than_any_curs
             waiters.on_commit(commit(event(sequence, request(request_id, model.pending.pop(request_id)[0], "cancelled"))))
     expected = sorted((s, r) for r, (t, s) in model.pending.items() if s > after and thread_id in (None, t))
     assert [(r.sequence, r.request_id) for r in waiters.pending_after(after, thread_id, 100)] == expected
+
+
+def test_a_commit_wakes_the_requests_own_thread_waiters_before_those_of_every_thread() -> None:
+    """The waiters of the request's thread are woken (and handed it) before the waiters of
+    every thread, whatever order they were added in: the thread's own bot answers."""
+    waiters = seeded()
+    order: list[str] = []
+    for name, thread_id in (("any-1", None), ("mine-1", "t1"), ("any-2", None), ("mine-2", "t1")):
+        waiters.add(Waiter(0, thread_id, 10, wake=partial(order.append, name)))
+    waiters.on_commit(commit(event(3, request("r1"))))
+    assert sorted(order[:2]) == ["mine-1", "mine-2"] and sorted(order[2:]) == ["any-1", "any-2"]
+
+
+def test_each_opened_request_is_timed_from_created_at_to_commit_and_from_commit_to_each_reply() -> None:
+    """`on_committed` gets, per request opened, the seconds since its created_at; `replied`
+    times, per request a reply carries, the seconds since its commit reached `on_commit`,
+    labelled with the reply's transport. A request the seed read found (its commit time is
+    not known) and one no longer pending are not timed."""
+    waiters = RequestWaiters()
+    waiters.begin_seed()
+    waiters.seed([("old", "t1", 1)], 1)
+    committed: list[float] = []
+    replies: list[tuple[str, float]] = []
+    waiters.on_committed = committed.append
+    waiters.on_replied = lambda via, seconds: replies.append((via, seconds))
+    opened = attrs.evolve(request("r1"), created_at=time.time() - 0.25)
+    waiter = Waiter(1, None, 10)
+    waiters.add(waiter)
+    waiters.on_commit(commit(event(4, opened), event(5, request("r2"))))
+    assert len(committed) == 2 and 0.25 <= committed[0] < 30 and committed[1] > 1e6  # r2: created_at 0.0
+    waiters.replied(waiter.found, "mcp")
+    assert [via for via, _ in replies] == ["mcp", "mcp"] and all(0 <= s < 30 for _, s in replies)
+    replies.clear()
+    waiters.on_commit(commit(event(6, request("r2", status="allowed"))))
+    waiters.replied([(1, "old", b"{}"), (5, "r2", b"{}"), (4, "r1", b"{}")], "rpc")
+    assert [via for via, _ in replies] == ["rpc"]
