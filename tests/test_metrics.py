@@ -56,6 +56,8 @@ EXPECTED = {
     "t3d_spawner_pool_commands": "counter",
     "t3d_gc_collections": "counter",
     "t3d_gc_pause_seconds": "histogram",
+    "t3d_request_commit_seconds": "histogram",
+    "t3d_request_wait_reply_seconds": "histogram",
     "process_resident_memory_bytes": "gauge",
     "process_cpu_seconds_total": "counter",
 }
