@@ -262,3 +262,20 @@ async def test_clients_that_hang_up_mid_wait_leave_nothing_behind(tmp_path: Path
             assert growth < 64 * 1024, top
             stats = served.app.methods.waiters.statistics()
             assert (stats.waiters, stats.pending_indexed) == (0, 0)
+
+
+async def test_a_long_poll_behind_the_kept_wires_reads_the_older_requests(tmp_path: Path) -> None:
+    """A long-poll whose cursor is behind several pending requests gets them all, in opening
+    order and whole, whether the index kept their wire JSON (the newest) or they are read
+    from the database (older than the kept ones)."""
+    with trio.fail_after(30):
+        async with serve_app(tmp_path / "state") as served:
+            await open_thread(served, tmp_path, "t")
+            served.app.methods.waiters.max_wires = 1
+            assert (await http(served, "GET", "/api/requests/wait?timeout=0"))[1]["requests"] == []  # seeds the index
+            sequences = [await open_request(served, "t", f"r{i}") for i in range(3)]
+            assert served.app.methods.waiters.wire_of("r2") is not None and served.app.methods.waiters.wire_of("r0") is None
+            status, body = await http(served, "GET", "/api/requests/wait?timeout=0")
+            assert status == 200 and [r["id"] for r in body["requests"]] == ["r0", "r1", "r2"]
+            assert all(r["data"]["tool_name"] == "Edit" and r["status"] == "pending" for r in body["requests"])
+            assert body["cursor"] == sequences[-1]

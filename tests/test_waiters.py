@@ -221,3 +221,22 @@ def test_each_opened_request_is_timed_from_created_at_to_commit_and_from_commit_
     waiters.on_commit(commit(event(6, request("r2", status="allowed"))))
     waiters.replied([(1, "old", b"{}"), (5, "r2", b"{}"), (4, "r1", b"{}")], "rpc")
     assert [via for via, _ in replies] == ["rpc"]
+
+
+def test_the_newest_requests_wire_json_is_kept_up_to_its_bound_and_dropped_when_they_close() -> None:
+    """A request opened by a commit keeps its wire JSON (what a waiter is handed), so a later
+    long-poll need not read it; past ``max_wires`` the oldest is dropped (the index still
+    holds the request); closing or forgetting a request drops it; a request the seed read
+    found has none."""
+    waiters = RequestWaiters(max_wires=2)
+    waiters.begin_seed()
+    waiters.seed([("old", "t1", 1)], 1)
+    waiter = Waiter(1, None, 10)
+    waiters.add(waiter)
+    waiters.on_commit(commit(event(2, request("r1")), event(3, request("r2")), event(4, request("r3"))))
+    assert waiters.wire_of("old") is None and waiters.wire_of("r1") is None
+    assert waiters.wire_of("r3") is waiter.found[2][2] and waiters.wire_of("r2") is not None
+    assert [r.request_id for r in waiters.pending_after(0, None, 10)] == ["old", "r1", "r2", "r3"]
+    waiters.on_commit(commit(event(5, request("r2", status="allowed"))))
+    waiters.forget(["r3"])
+    assert waiters.wire_of("r2") is None and waiters.wire_of("r3") is None

@@ -429,12 +429,19 @@ class Methods:
             self.waiters.remove(waiter)
 
     async def _found_now(self, waiter: Waiter) -> list[tuple[int, str, bytes]]:
-        """The indexed requests newer than the waiter's cursor (read from the database, as
-        the index holds no bodies); if there are none, what commits handed the waiter."""
+        """The indexed requests newer than the waiter's cursor (their kept wire JSON, or read
+        from the database for those older than what the index keeps); if there are none,
+        what commits handed the waiter."""
         listed = self.waiters.pending_after(waiter.after, waiter.thread_id, waiter.limit)
         if listed:
-            bodies = {request_id: wire for _, request_id, wire in await self._pending_bodies([r.request_id for r in listed])}
-            self.waiters.forget(r.request_id for r in listed if r.request_id not in bodies)
+            bodies: dict[str, bytes] = {}
+            for r in listed:
+                if (wire := self.waiters.wire_of(r.request_id)) is not None:
+                    bodies[r.request_id] = wire
+            unknown = [r.request_id for r in listed if r.request_id not in bodies]
+            if unknown:  # older than the kept wires: read them
+                bodies.update((request_id, wire) for _, request_id, wire in await self._pending_bodies(unknown))
+                self.waiters.forget(request_id for request_id in unknown if request_id not in bodies)
             found = [(r.sequence, r.request_id, bodies[r.request_id]) for r in listed if r.request_id in bodies]
             if found:
                 return found

@@ -22,6 +22,10 @@ Rules (every bound has its policy):
   the fix. Over HTTP/1.1 a connection has one request at a time, so only the total applies.
 - A waiter keeps at most ``limit`` requests it was handed; later ones stay in the index
   and the next long-poll (with the cursor of the last one returned) gets them at once.
+- The wire JSON of at most ``max_wires`` indexed requests (the newest opened by commits)
+  is kept, so that a long-poll whose cursor is behind them answers without a read (every
+  bot a request wakes comes back for the next one at once); past the bound the oldest is
+  dropped, and a long-poll that needs it reads it from the database.
 - At most ``max_pending`` pending requests are indexed. One more is not indexed: the index
   is marked overflowed, long-polls refuse with `WaitersFull` until a re-read of the
   database (done by the driver while the index is overflowed) fits again.
@@ -50,6 +54,7 @@ from t3d.store.commit import Committed
 MAX_WAITERS = 512
 MAX_PER_OWNER = 16
 MAX_PENDING = 100_000
+MAX_WIRES = 1024
 
 # (opening sequence, request id, the request's wire JSON: large fields summarized)
 Found = tuple[int, str, bytes]
@@ -101,9 +106,13 @@ class WaitersStatistics:
 
 class RequestWaiters:
     def __init__(
-        self, *, max_waiters: int = MAX_WAITERS, max_per_owner: int = MAX_PER_OWNER, max_pending: int = MAX_PENDING
-    ) -> None:
+        self, *, max_waiters: int = MAX_WAITERS, max_per_owner: int = MAX_PER_OWNER, max_pending: int = MAX_PENDING,
+        max_wires: int = MAX_WIRES,
+    ) -> None:  # fmt: skip
         self.max_waiters = max_waiters
+        self.max_wires = max_wires
+        # The wire JSON of the newest indexed requests, by id, oldest first.
+        self._wires: dict[str, bytes] = {}
         self.max_per_owner = max_per_owner
         self.max_pending = max_pending
         # Pending requests by id, in opening-sequence order (hook additions come in sequence
@@ -175,6 +184,11 @@ class RequestWaiters:
         its way to `on_commit`, which then finds nothing to do)."""
         for request_id in request_ids:
             self._pending.pop(request_id, None)
+            self._wires.pop(request_id, None)
+
+    def wire_of(self, request_id: str) -> bytes | None:
+        """The kept wire JSON of an indexed request (None: not kept; read it)."""
+        return self._wires.get(request_id)
 
     def on_commit(self, committed: Committed) -> None:
         """Index each request opened, forget each one closed; hand new ones to waiters."""
@@ -198,17 +212,21 @@ class RequestWaiters:
                 self.overflowed = True
             else:
                 self._pending[request_id] = PendingRequest(request_id, thread_id, sequence, time.monotonic())
-        wire: bytes | None = None
+        wire = summarize_payload(payload)  # once, shared by every waiter
+        if request_id in self._pending and self.max_wires > 0:
+            self._wires.pop(request_id, None)
+            if len(self._wires) >= self.max_wires:
+                del self._wires[next(iter(self._wires))]
+            self._wires[request_id] = wire
         # The thread's own waiters first: its bot is the one that answers.
         for waiter in (*self._waiters.get(thread_id, ()), *self._waiters.get(None, ())):
             if sequence > waiter.after and len(waiter.found) < waiter.limit:
-                if wire is None:
-                    wire = summarize_payload(payload)  # once, shared by every waiter
                 waiter.found.append((sequence, request_id, wire))
                 waiter.wake()
 
     def _closed(self, request_id: str) -> None:
         request = self._pending.pop(request_id, None)
+        self._wires.pop(request_id, None)
         if self._closed_while_seeding is not None:
             self._closed_while_seeding.add(request_id)
         if request is None:
