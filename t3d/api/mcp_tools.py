@@ -12,8 +12,8 @@ wait_for_request is the hot one: a commit that opens a request wakes every bot w
 its result is encoded once per set of requests found (`McpTools.wake_reply`) and shared by
 every waiter woken with the same ones; only the JSON-RPC id and framing differ per reply.
 ``T3D_BENCH_WAKE_REPLY=per-waiter`` in the daemon's environment (a benchmark's A/B switch,
-not a setting) builds it per waiter instead, decoding the method's result and encoding it
-again as every other tool does.
+not a setting; methods.py `PER_WAITER`) builds it per waiter instead, decoding the method's
+result and encoding it again as every other tool does.
 """
 
 from __future__ import annotations
@@ -26,7 +26,14 @@ import attrs
 import orjson
 
 from t3d.api.jsonrpc import INVALID_PARAMS, Params, RpcError
-from t3d.api.methods import RUNTIME_MODES, WAIT_DEFAULT_S, WAIT_LIMIT_DEFAULT, WAIT_MAX_S, Methods
+from t3d.api.methods import (
+    PER_WAITER,
+    RUNTIME_MODES,
+    WAIT_DEFAULT_S,
+    WAIT_LIMIT_DEFAULT,
+    WAIT_MAX_S,
+    Methods,
+)
 from t3d.domain.model import DECISIONS, PROVIDERS, TERMINAL_TURN_STATUSES
 from t3d.errors import T3dError
 from t3d.live.waiters import Found
@@ -38,7 +45,7 @@ TEXT_CHARS = 4000  # assistant text shown in a tool's text (structuredContent ha
 # wait_for_request results kept for the waiters woken by the same commit (a few commits'
 # worth; the oldest is dropped at the bound).
 WAKE_REPLIES = 32
-SHARED_WAKE_REPLIES = os.environ.get("T3D_BENCH_WAKE_REPLY") != "per-waiter"
+SHARED_WAKE_REPLIES = not PER_WAITER
 
 Json = dict[str, Any]
 Output = tuple[str, Json]  # (text for the model, structuredContent)
