@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 import trio
 from harness import http, wait_until
 from live_support import Served, serve_app
@@ -78,24 +77,3 @@ async def test_bots_woken_by_one_commit_share_one_encoding_and_differ_only_by_id
             assert len(tools.wake_replies) == mcp_tools.WAKE_REPLIES
             assert waiting(served) == 0
 
-
-async def test_the_per_waiter_switch_gives_the_same_replies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """T3D_BENCH_WAKE_REPLY=per-waiter (the benchmark's A/B switch) builds each bot's reply on
-    its own, as every other tool does, and the bots get exactly what the shared encoding
-    gives; nothing is kept for sharing then."""
-    with trio.fail_after(60):
-        async with serve_app(tmp_path / "shared") as served:
-            shared, shared_plain, _ = await woken_together(served, tmp_path)
-        monkeypatch.setattr(mcp_tools, "SHARED_WAKE_REPLIES", False)
-        async with serve_app(tmp_path / "per-waiter") as served:
-            alone, alone_plain, _ = await woken_together(served, tmp_path)
-            assert served.app.mcp.tools.wake_replies == {}  # type: ignore[attr-defined]
-        for replies, plain in ((shared, shared_plain), (alone, alone_plain)):
-            for reply in replies:
-                result = reply["result"]
-                assert result["structuredContent"] == plain == orjson.loads(result["content"][1]["text"])
-                assert result["content"][1]["text"].encode() == orjson.dumps(plain)
-        assert [r["result"]["content"][0] for r in alone] == [r["result"]["content"][0] for r in shared]
-        assert [{**r["result"], "content": None, "structuredContent": None} for r in alone] == [
-            {**r["result"], "content": None, "structuredContent": None} for r in shared
-        ]

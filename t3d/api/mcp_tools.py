@@ -11,9 +11,6 @@ errors (an unknown tool) are mcp.py's.
 wait_for_request is the hot one: a commit that opens a request wakes every bot waiting, so
 its result is encoded once per set of requests found (`McpTools.wake_reply`) and shared by
 every waiter woken with the same ones; only the JSON-RPC id and framing differ per reply.
-``T3D_BENCH_WAKE_REPLY=per-waiter`` in the daemon's environment (a benchmark's A/B switch,
-not a setting; methods.py `PER_WAITER`) builds it per waiter instead, decoding the method's
-result and encoding it again as every other tool does.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ import orjson
 
 from t3d.api.jsonrpc import INVALID_PARAMS, Params, RpcError
 from t3d.api.methods import (
-    PER_WAITER,
     RUNTIME_MODES,
     WAIT_DEFAULT_S,
     WAIT_LIMIT_DEFAULT,
@@ -45,7 +41,6 @@ TEXT_CHARS = 4000  # assistant text shown in a tool's text (structuredContent ha
 # wait_for_request results kept for the waiters woken by the same commit (a few commits'
 # worth; the oldest is dropped at the bound).
 WAKE_REPLIES = 32
-SHARED_WAKE_REPLIES = not PER_WAITER
 
 Json = dict[str, Any]
 Output = tuple[str, Json]  # (text for the model, structuredContent)
@@ -220,25 +215,12 @@ async def wait_for_request(t: McpTools, p: Params) -> Output | Built:
     after = p.opt_int("after", default=0, low=0, high=1 << 62)
     timeout = p.opt_int("timeout_s", default=WAIT_DEFAULT_S, low=0, high=WAIT_MAX_S)
     p.check()
-    if not SHARED_WAKE_REPLIES:
-        return await _wait_per_waiter(t, thread_id, after, timeout)
     found, cursor = await t.methods.wait_found(after, thread_id, timeout, WAIT_LIMIT_DEFAULT)
     if not found:
         return f"No request opened within {timeout} s. Call wait_for_request again with after={cursor}.", {"requests": [], "cursor": cursor}
     result = t.wake_reply(found)
     t.methods.waiters.replied(found, "mcp")
     return Built(result)
-
-
-async def _wait_per_waiter(t: McpTools, thread_id: str | None, after: int, timeout_s: int) -> Output:
-    """wait_for_request as every other tool: the method's result decoded, encoded per waiter."""
-    result = await t.rpc("requests.wait", thread_id=thread_id, after=after, timeout=timeout_s)
-    requests, cursor = result["requests"], result["cursor"]
-    if not requests:
-        return f"No request opened within {timeout_s} s. Call wait_for_request again with after={cursor}.", result
-    lines = [f"{len(requests)} pending request(s); answer each with respond_to_request, then call wait_for_request with after={cursor}:"]
-    lines += [f"- {_request_line(r)}" for r in requests]
-    return "\n".join(lines), result
 
 
 def _wait_reply(found: list[Found]) -> Json:

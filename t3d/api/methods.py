@@ -52,10 +52,6 @@ MAX_PATH = 32
 # requests.wait: seconds a long-poll waits by default and at most; requests per reply.
 WAIT_DEFAULT_S, WAIT_MAX_S = 25, 60
 WAIT_LIMIT_DEFAULT, WAIT_LIMIT_MAX = 100, 1000
-# A benchmark's A/B switch, not a setting: T3D_BENCH_WAKE_REPLY=per-waiter makes the
-# long-poll keep no wire JSON (every wait behind a request reads it) and /mcp encode each
-# wait_for_request reply on its own (mcp_tools.py), as before those were shared.
-PER_WAITER = os.environ.get("T3D_BENCH_WAKE_REPLY") == "per-waiter"
 
 Method = Callable[[Params], Awaitable[Any]]
 
@@ -117,7 +113,7 @@ class Methods:
         self._git = git
         self.reader = BaseReader(store)
         # requests.wait: the pending requests by sequence, and who waits (t3d/live/waiters.py).
-        self.waiters = RequestWaiters(max_wires=0) if PER_WAITER else RequestWaiters()
+        self.waiters = RequestWaiters()
         store.on_commit(self.waiters.on_commit)
         self._seeding = trio.Lock()
         self.table: dict[str, Method] = {
