@@ -49,11 +49,12 @@ def test_stats_prune_and_check_read_as_sentences_and_tables() -> None:
         "bytes": {"item snapshots": 3 * 2**20, "thread-state events": 2048},
         "compacted": {"item snapshots": 300, "thread-state events": 10},
         "compacted_bytes": {"item snapshots": 2**20, "thread-state events": 4096},
+        "packed": 900, "packed_bytes": 3 * 2**19,
     }  # fmt: skip
     assert format_prune(report) == (
         "would delete: 1,500 item snapshots (3.0 MiB), 20 thread-state events (2.0 KiB), "
         "0 deleted threads (0 B), 3 done outbox rows; would compact 300 item snapshots (1.0 MiB), "
-        "10 thread-state events (4.0 KiB); in 1.2 s (12 steps)\n"
+        "10 thread-state events (4.0 KiB); would pack 900 item rows (1.5 MiB smaller); in 1.2 s (12 steps)\n"
     )
     assert format_check({"ok": False, "problems": ["items: 2 rows whose thread does not exist"], "tables": 16, "elapsed_s": 1}) == (
         "1 problem(s) found:\n  items: 2 rows whose thread does not exist\n"

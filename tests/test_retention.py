@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import attrs
 import orjson
 import pytest
 import trio
@@ -30,11 +31,13 @@ from t3d.domain.codec import to_json
 from t3d.domain.model import TurnItem
 from t3d.domain.state import State, fold
 from t3d.errors import DomainError
+from t3d.store import queries as q
 from t3d.store.commit import StoredEvent, execute
+from t3d.store.packing import unpack
 from t3d.store.pruner import Pruner
 from t3d.store.queries import SnapshotRaw
 from t3d.store.replay import ThreadReplayRaw, thread_resume_query
-from t3d.store.retention import COMPACTED_COUNT, retention_value, run_step, survey
+from t3d.store.retention import COMPACTED_COUNT, count_step, retention_value, run_step, survey
 from t3d.store.retention_plan import (
     COMPACTED,
     ITEM,
@@ -113,7 +116,7 @@ def stored_events(conn: apsw.Connection) -> tuple[set[int], set[int]]:
 
 def projections(conn: apsw.Connection) -> dict[str, dict[str, Any]]:
     return {
-        table: {orjson.loads(body)["id"]: orjson.loads(body) for (body,) in conn.execute(f"SELECT body FROM {table}")}
+        table: {orjson.loads(unpack(body))["id"]: orjson.loads(unpack(body)) for (body,) in conn.execute(f"SELECT body FROM {table}")}
         for table in PROJECTION_TABLES
     }
 
@@ -467,7 +470,8 @@ def test_compaction_gives_the_log_pages_back(tmp_path: Path) -> None:
     """2,000 items written once each (1.5 KB, inside their table pages; nothing superseded):
     a pass compacts them all, and the pages their payloads filled go back to the file, not
     left as scattered free space in the log's old pages (which nothing new would reuse):
-    the file ends at under two thirds of its size, the rows still whole."""
+    the file ends at under two thirds of its size; the items' rows are stored packed, each
+    still whole (its JSON as it was)."""
     path = tmp_path / "t.sqlite"
     conn = _connect(path)
     for command in (*SETUP, c.StartTurn("t-a", "u", "go"), c.MarkTurnRunning("u")):
@@ -479,8 +483,54 @@ def test_compaction_gives_the_log_pages_back(tmp_path: Path) -> None:
     plan = prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=None, vacuum_slack_pages=16))
     assert plan.compacted["item snapshots"] >= 2000 and plan.rows["item snapshots"] == 0
     assert conn.execute("PRAGMA page_count").get < pages * 2 / 3
-    assert conn.execute("SELECT count(*) FROM items WHERE length(body) > 1500").get == 2000
+    assert plan.packed == 2000 and plan.packed_bytes > 2000 * 1000
+    stored = [bytes(b) for (b,) in conn.execute("SELECT body FROM items WHERE id != 'u:user' ORDER BY ordinal")]
+    assert all(len(b) < 200 for b in stored)  # packed
+    assert [orjson.loads(unpack(b))["text"] for b in stored] == [i.text for i in items]
     conn.close()
+
+
+def test_packed_items_read_as_before_and_take_updates(tmp_path: Path) -> None:
+    """After a pass packs a turn's items, the thread's snapshot and an item's stored JSON
+    (what item.detail reads) are what they were before; an item too small to pay for packing
+    stays plain; a packed item's next update is read through its packed row and stored
+    plain again; a dry run counts what it would pack and changes nothing."""
+    conn = _connect(tmp_path / "t.sqlite")
+    for command in (*SETUP, c.StartTurn("t-a", "u", "go"), c.MarkTurnRunning("u")):
+        execute(conn, command, None, 1.0)
+    words = " ".join(f"word{n % 97}" for n in range(400))
+    items = [TurnItem(f"u:{n}", "t-a", "u", n + 1, "tool_call", "completed", "Read", None, {"input": {"n": n}, "result": words}, 1.0) for n in range(30)]
+    small = TurnItem("u:small", "t-a", "u", 99, "assistant_message", "completed", None, "ok", None, 1.0)
+    execute(conn, c.RecordItems("u", (*items, small)), None, 2.0)
+
+    def read() -> tuple[Any, bytes | None]:
+        with conn:
+            snapshot = q.decode_snapshot(q.snapshot_query("t-a", 10, None)(conn))
+            return snapshot, q.body_query("items", "u:7")(conn)
+
+    before = read()
+    dry = prune_now_dry(conn, 100.0, Policy(item_age_s=0.0, state_age_s=None))
+    assert dry.packed == 30 and dry.packed_bytes > 30 * 1000 and read() == before
+    plan = prune_now(conn, 100.0, Policy(item_age_s=0.0, state_age_s=None))
+    assert plan.packed == 30 and plan.packed_bytes == dry.packed_bytes
+    stored = dict(conn.execute("SELECT id, body FROM items").fetchall())
+    assert stored["u:small"][:1] == b"{" and all(stored[i.id][:1] != b"{" for i in items)
+    assert read() == before
+
+    execute(conn, c.RecordItems("u", (attrs.evolve(items[7], title="Read again", updated_at=3.0),)), None, 3.0)
+    body = conn.execute("SELECT body FROM items WHERE id = 'u:7'").get
+    assert body[:1] == b"{" and orjson.loads(body)["title"] == "Read again"
+    conn.close()
+
+
+def prune_now_dry(conn: apsw.Connection, now: float, policy: Policy) -> Pass:
+    """A dry pass on ``conn``, as ``db.prune --dry-run`` runs it (each step a read)."""
+    with conn:
+        found = survey(conn, now, policy)
+        plan = Pass(found, policy, dry_run=True)
+        while (step := plan.next_step()) is not None:
+            plan.finished(step, count_step(conn, step))
+    return plan
 
 
 def test_retention_settings_take_durations_within_their_ranges() -> None:

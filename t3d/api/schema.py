@@ -174,6 +174,8 @@ DB_RESULTS = {
         "bytes": req(_BY_PHASE, "their stored bytes, by phase"),
         "compacted": req(_BY_PHASE, "newest events whose payload was dropped (dry: would be), by phase; their body is their row"),
         "compacted_bytes": req(_BY_PHASE, "the payload bytes those dropped, by phase"),
+        "packed": req(integer(0), "item rows stored packed (dry: would be): compacted items, cold, their body zlib-compressed"),
+        "packed_bytes": req(integer(0), "the bytes packing saved (dry: would save)"),
         "writer_s": req({"type": "object", "additionalProperties": number()}, "the steps' time on the writer, by phase"),
         "cursors": req(obj({"item": req(SEQUENCE), "state": req(SEQUENCE)})),
         "free_pages": req(integer(0)), "more": req(boolean(), "more deleted threads to purge: another pass follows"),

@@ -85,9 +85,11 @@ def format_prune(report: JsonDict) -> str:
         for phase in ("item snapshots", "thread-state events")
     ]
     tail = "" if report["dry_run"] else f"; {report['free_pages']:,} pages free after vacuum"
+    packed = f"{report['packed']:,} item rows ({size(report['packed_bytes'])} smaller)"
     return (
         f"{verb}: {', '.join(parts)}; {'would compact' if report['dry_run'] else 'compacted'} "
-        f"{', '.join(compacted)}; in {report['elapsed_s']:.1f} s ({report['steps']:,} steps){tail}\n"
+        f"{', '.join(compacted)}; {'would pack' if report['dry_run'] else 'packed'} {packed}; "
+        f"in {report['elapsed_s']:.1f} s ({report['steps']:,} steps){tail}\n"
     )
 
 

@@ -53,6 +53,8 @@ class PassReport:
     bytes: dict[str, int]  # their stored bytes (events' payloads)
     compacted: dict[str, int]  # events compacted (or, dry, that would be) by phase
     compacted_bytes: dict[str, int]  # the payload bytes they dropped
+    packed: int  # item rows stored packed (or, dry, that would be: packing.py)
+    packed_bytes: int  # the bytes that saved
     writer_s: dict[str, float]  # the steps' time on the writer, by phase (the pass also pauses)
     cursors: dict[str, int]
     free_pages: int
@@ -136,6 +138,8 @@ class Pruner:
                 dict(plan.bytes),
                 dict(plan.compacted),
                 dict(plan.compacted_bytes),
+                plan.packed,
+                plan.packed_bytes,
                 {phase: round(s, 3) for phase, s in plan.writer_s.items()},
                 dict(plan.cursors),
                 plan.free_pages,
@@ -186,9 +190,11 @@ async def run_pruner(
         again = report.more
         if any(report.rows.values()) or any(report.compacted.values()):
             log.info(
-                "retention: deleted %s; compacted %s; in %.1f s (%d steps)",
+                "retention: deleted %s; compacted %s; packed %d item(s), %d bytes saved; in %.1f s (%d steps)",
                 ", ".join(f"{n} {phase}" for phase, n in report.rows.items() if n) or "nothing",
                 ", ".join(f"{n} {phase}" for phase, n in report.compacted.items() if n) or "nothing",
+                report.packed,
+                report.packed_bytes,
                 report.elapsed_s,
                 report.steps,
             )

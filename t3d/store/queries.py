@@ -16,6 +16,7 @@ import orjson
 from t3d.domain.codec import converter
 from t3d.domain.model import RuntimeRequest, Turn, TurnItem
 from t3d.store.commit import SHELL_SQL, ShellColumns, shell_payload
+from t3d.store.packing import unpack
 from t3d.store.read_classes import ReadClass
 from t3d.store.schema import TERMINAL
 
@@ -45,7 +46,8 @@ def current_sequence(conn: apsw.Connection) -> int:
 
 
 def _bodies(conn: apsw.Connection, sql: str, args: tuple[Any, ...]) -> list[bytes]:
-    return [body for (body,) in conn.execute(sql, args)]
+    """The rows' bodies as JSON (an item's may be stored packed: packing.py)."""
+    return [unpack(body) for (body,) in conn.execute(sql, args)]
 
 
 def _loads(bodies: list[bytes]) -> list[Any]:
@@ -276,7 +278,7 @@ def body_query(table: str, entity_id: str):  # type: ignore[no-untyped-def]
 
     def query(conn: apsw.Connection) -> bytes | None:
         for (body,) in conn.execute(f"SELECT body FROM {table} WHERE id = ?", (entity_id,)):
-            return bytes(body)
+            return unpack(bytes(body))
         return None
 
     return query

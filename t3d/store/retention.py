@@ -11,6 +11,9 @@ highest sequence of a deleted ``thread.deleted`` event. A resume from before a m
 a snapshot (replay.py), so a replay never lacks an event nor meets a compacted one (the
 shell's replay reads no compacted kind's payload: it reads the threads' rows). The
 ``retention`` row ``compacted`` counts the compacted events stored (for ``db.stats``).
+
+Packing: when a window compacts an item's newest event, the item's row is its only record
+and cold, so the same step stores its body packed (packing.py), in place.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import apsw
 import attrs
 
 from t3d.errors import StoreError
+from t3d.store.packing import pack
 from t3d.store.queries import current_sequence
 from t3d.store.retention_plan import (
     CLASSES,
@@ -47,6 +51,7 @@ SHELL_MARK = "shell"
 COMPACTED_COUNT = "compacted"
 # Deleted threads a pass takes on (more wait for the next pass, which comes at once).
 PURGES_PER_PASS = 64
+PACK_BATCH = 500  # item ids per query when a window packs its items' rows
 
 
 def cursor_name(cls: str) -> str:
@@ -218,6 +223,31 @@ def _compact(conn: apsw.Connection, rows: list[_Compactable]) -> None:
     _add_value(conn, COMPACTED_COUNT, len(rows))
 
 
+def _packable(conn: apsw.Connection, compact: list[_Compactable]) -> list[tuple[int, str, str, str, int, bytes, int]]:
+    """The rows of the items whose newest event ``compact`` compacts, packed (`packing.pack`),
+    with the bytes each saves; the items packing would not pay for are left out."""
+    ids = [r.entity_id for r in compact if r.kind == "item.updated"]
+    out = []
+    for start in range(0, len(ids), PACK_BATCH):
+        chunk = ids[start : start + PACK_BATCH]
+        sql = f"SELECT rowid, id, thread_id, turn_id, ordinal, body FROM items WHERE id IN ({_marks(tuple(chunk))})"
+        for rowid, item_id, thread_id, turn_id, ordinal, body in conn.execute(sql, chunk):
+            packed = pack(body)
+            if packed is not None:
+                out.append((rowid, item_id, thread_id, turn_id, ordinal, packed, len(body) - len(packed)))
+    return out
+
+
+def _pack(conn: apsw.Connection, rows: list[tuple[int, str, str, str, int, bytes, int]]) -> None:
+    """Store each item's row again with its packed body, as it was otherwise (its rowid
+    too). Deleted and inserted, not updated, for the same reason as `_compact`."""
+    conn.executemany("DELETE FROM items WHERE rowid = ?", [(r[0],) for r in rows])
+    conn.executemany(
+        "INSERT INTO items(rowid, id, thread_id, turn_id, ordinal, body) VALUES (?,?,?,?,?,?)",
+        [r[:6] for r in rows],
+    )
+
+
 def _window_rows(
     conn: apsw.Connection, step: Window, dry: bool
 ) -> tuple[list[tuple[int, str | None, int]], list[tuple[int, str, int]]]:
@@ -277,7 +307,9 @@ def _window(conn: apsw.Connection, step: Window) -> StepResult:
         marks[thread_id] = max(marks.get(thread_id, 0), sequence)
         _set_value(conn, SHELL_MARK, sequence)
     _delete_events(conn, [(s, n) for s, _, n in superseded + deleted])
+    packable = _packable(conn, compact)
     _compact(conn, compact)
+    _pack(conn, packable)
     _raise_marks(conn, marks)
     _set_value(conn, cursor_name(step.cls), step.hi)
     return StepResult(
@@ -285,6 +317,8 @@ def _window(conn: apsw.Connection, step: Window) -> StepResult:
         bytes=sum(n for *_, n in superseded + deleted),
         compacted=len(compact),
         compacted_bytes=sum(r.size for r in compact),
+        packed=len(packable),
+        packed_bytes=sum(r[6] for r in packable),
     )
 
 
@@ -357,11 +391,14 @@ def count_step(conn: apsw.Connection, step: Step) -> StepResult:
         if isinstance(step, Window):
             superseded, deleted = _window_rows(conn, step, dry=True)
             compact = _compactable(conn, step)
+            packable = _packable(conn, compact)
             did = StepResult(
                 rows=len(superseded) + len(deleted),
                 bytes=sum(n for *_, n in superseded + deleted),
                 compacted=len(compact),
                 compacted_bytes=sum(r.size for r in compact),
+                packed=len(packable),
+                packed_bytes=sum(r[6] for r in packable),
             )
         elif isinstance(step, Outbox):
             did = StepResult(

@@ -18,7 +18,8 @@ Theory of operation (the SQL is in retention.py, the driver in pruner.py):
   row. A compacted event that a later event supersedes goes when the cursor passes
   that one, as any superseded event. Each compacted event raises its thread's
   pruned-through mark as a deleted one does, so no replay ever reaches one (a resume
-  from before it gets a snapshot). ``thread.deleted`` events are deleted, not
+  from before it gets a snapshot). When the compacted event is an item's, the item's row
+  is stored packed in the same step (packing.py). ``thread.deleted`` events are deleted, not
   compacted; ``project.updated`` events are in no class and stay whole. A cursor stops at its
   class's cutoff: the last event older than the age (times grow with the sequence, but
   for a few milliseconds: each write takes its time when it is sent and commits in the
@@ -136,8 +137,9 @@ Step = Window | Purge | Outbox | Vacuum | Checkpoint
 @attrs.frozen
 class StepResult:
     """What a step did: rows deleted (or counted, in a dry run) and their stored bytes,
-    events compacted (a window's) and the payload bytes that dropped, the free pages it
-    left, and ``elapsed_s`` on the writer (commit included)."""
+    events compacted (a window's) and the payload bytes that dropped, item rows packed and
+    the bytes that saved, the free pages it left, and ``elapsed_s`` on the writer (commit
+    included)."""
 
     rows: int = 0
     bytes: int = 0
@@ -145,6 +147,8 @@ class StepResult:
     elapsed_s: float = 0.0
     compacted: int = 0
     compacted_bytes: int = 0
+    packed: int = 0  # item rows stored packed (packing.py)
+    packed_bytes: int = 0  # the bytes that saved
 
 
 PHASES = {
@@ -221,6 +225,8 @@ class Pass:
     bytes: dict[str, int] = attrs.Factory(dict)
     compacted: dict[str, int] = attrs.Factory(dict)
     compacted_bytes: dict[str, int] = attrs.Factory(dict)
+    packed: int = 0  # item rows stored packed (or, dry, that would be)
+    packed_bytes: int = 0  # the bytes that saved
     writer_s: dict[str, float] = attrs.Factory(dict)  # time on the writer, by phase
     # Progress: units of work done and known so far (events scanned or purged, pages freed).
     done: int = 0
@@ -292,6 +298,8 @@ class Pass:
             phase = phase_of(step)
             self.compacted[phase] = self.compacted.get(phase, 0) + result.compacted
             self.compacted_bytes[phase] = self.compacted_bytes.get(phase, 0) + result.compacted_bytes
+            self.packed += result.packed
+            self.packed_bytes += result.packed_bytes
             self.done += step.hi - step.lo
             self.cursors[step.cls] = step.hi
             self.spans[step.cls] = next_span(step.hi - step.lo, result.elapsed_s, self.policy)

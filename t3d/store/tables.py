@@ -31,6 +31,7 @@ from t3d.domain.model import (
     Turn,
     TurnItem,
 )
+from t3d.store.packing import unpack
 from t3d.store.schema import TERMINAL
 
 E = TypeVar("E")
@@ -104,7 +105,8 @@ class SqlView:
     def _by_id(self, table: str, key: str, kind: type[E]) -> E | None:
         """The entity of ``table``'s row ``key`` (decoded, or from the cache if its body is
         unchanged)."""
-        for (body,) in self._conn.execute(f"SELECT body FROM {table} WHERE id = ?", (key,)):
+        for (stored,) in self._conn.execute(f"SELECT body FROM {table} WHERE id = ?", (key,)):
+            body = unpack(stored)  # an item's may be packed (packing.py)
             cache = self._cache
             if cache is None:
                 return converter.structure(orjson.loads(body), kind)
