@@ -48,6 +48,18 @@ def spawn_call(items: list[Json], call_id: str = "call_spawn_1") -> Json:
     return next(i for i in items if i["kind"] == "tool_call" and i["data"]["tool_use_id"] == call_id)
 
 
+async def pending_requests(client: Any) -> list[Json]:
+    """The pending requests, once there is at least one."""
+    pending: list[Json] = []
+
+    async def asked() -> bool:
+        pending[:] = (await client.call("requests.pending"))["requests"]
+        return bool(pending)
+
+    await wait_until(asked)
+    return pending
+
+
 async def collab_daemon(tmp_path: Path, nursery: trio.Nursery, mode: str) -> Any:
     return await start_daemon(nursery, tmp_path / "state", codex_bin=fake_codex(tmp_path, mode))
 
@@ -153,14 +165,7 @@ async def test_an_approval_inside_an_agent_is_asked_on_the_child_and_answered(tm
         async with open_client(daemon) as client:
             thread_id = await new_thread(client, project(tmp_path), provider="codex")
             started = await client.call("turn.start", thread_id=thread_id, text="go")
-            pending: list[Json] = []
-
-            async def asked() -> bool:
-                pending[:] = (await client.call("requests.pending"))["requests"]
-                return bool(pending)
-
-            await wait_until(asked)
-            [request] = pending
+            [request] = await pending_requests(client)
             child_thread, child_turn = child_ids(started["turn_id"], "call_spawn_1", AGENT)
             assert (request["thread_id"], request["turn_id"]) == (child_thread, child_turn)
             assert request["id"] == f"{child_turn}:5"
@@ -280,14 +285,7 @@ async def test_an_agent_waiting_on_approval_carries_on_across_a_daemon_restart(t
                 async with open_ws(first) as client:
                     thread_id = await new_thread(client, project(tmp_path), provider="codex")
                     started = await client.call("turn.start", thread_id=thread_id, text="go")
-                    pending: list[Json] = []
-
-                    async def asked() -> bool:
-                        pending[:] = (await client.call("requests.pending"))["requests"]
-                        return bool(pending)
-
-                    await wait_until(asked)
-                    [request] = pending
+                    [request] = await pending_requests(client)
                 pids = await provider_pids(first)
                 first.process.send_signal(signal.SIGTERM)
                 await first.process.wait()
@@ -365,13 +363,7 @@ async def test_force_stopping_the_parent_ends_its_waiting_agent(tmp_path: Path, 
         async with open_client(daemon) as client:
             thread_id = await new_thread(client, project(tmp_path), provider="codex")
             started = await client.call("turn.start", thread_id=thread_id, text="go")
-            pending: list[Json] = []
-
-            async def asked() -> bool:
-                pending[:] = (await client.call("requests.pending"))["requests"]
-                return bool(pending)
-
-            await wait_until(asked)
+            await pending_requests(client)
             stopped = await client.call("thread.force_stop", thread_id=thread_id)
             assert stopped["turn_id"] == started["turn_id"]
             parent = await client.call("thread.snapshot", thread_id=thread_id, children=True)
@@ -406,13 +398,7 @@ async def test_an_agent_whose_spawn_was_past_the_replay_buffer_reads_on_after_a_
                 async with open_ws(first) as client:
                     thread_id = await new_thread(client, project(tmp_path), provider="codex")
                     started = await client.call("turn.start", thread_id=thread_id, text="go")
-                    pending: list[Json] = []
-
-                    async def asked() -> bool:
-                        pending[:] = (await client.call("requests.pending"))["requests"]
-                        return bool(pending)
-
-                    await wait_until(asked)
+                    pending = await pending_requests(client)
                 pids = await provider_pids(first)
                 first.process.send_signal(signal.SIGKILL)
                 await first.process.wait()
