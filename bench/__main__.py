@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--pollers",
         help="the approval pollers: http (GET /api/requests/pending and the shell every poll "
-        "period, the default), mcp (a long-poll on /mcp's wait_for_request), or http,mcp: "
+        "period, the default), mcp (a long-poll on /mcp's wait_for_request for each bot's own threads), or http,mcp: "
         "configuration A with http, B with mcp, interleaved",
     )
     run.add_argument(

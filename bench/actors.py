@@ -447,18 +447,19 @@ async def run_mcp_poller(
     port: int, token: str, mine: frozenset[str], phase_s: float, window: Window,
     stats: PollerStats, errors: Errors,
 ) -> None:  # fmt: skip
-    """An approval bot over MCP, as the seed's: long-poll wait_for_request (every thread; a
-    stock bot has no thread list), allow the prompts of its own threads with
+    """An approval bot over MCP, as the seed's: long-poll wait_for_request for its own threads
+    (thread_ids: so a request wakes only the bot that answers it), allow their prompts with
     respond_to_request, pass the cursor back. It never polls the shell."""
     client = McpClient(port, token)
     cursor = 0
+    watched = sorted(mine)
     try:
         await sleep_until(window.t0 + phase_s)
         await client.request("server/discover", {})
         while True:
             started = time.monotonic()
             try:
-                waited = await client.call_tool("wait_for_request", after=cursor, timeout_s=MCP_WAIT_S)
+                waited = await client.call_tool("wait_for_request", after=cursor, thread_ids=watched, timeout_s=MCP_WAIT_S)
                 seen = time.monotonic()
                 cursor = waited["cursor"]
                 calls = 1

@@ -44,7 +44,7 @@ class LoadConfig:
     # The daemon is restarted during the run: sessions and subscribers connect again.
     reconnect: bool = False
     # The approval pollers: "http" (GET /api/requests/pending and the shell every poll_s)
-    # or "mcp" (a long-poll on /mcp's wait_for_request).
+    # or "mcp" (a long-poll on /mcp's wait_for_request for the bot's own threads).
     pollers: str = "http"
     # Each session's provider (replay, replay-codex); None: every session replays Claude.
     providers: list[str] | None = None

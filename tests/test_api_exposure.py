@@ -165,7 +165,7 @@ async def test_every_route_refuses_an_unknown_query_parameter_on_the_head(
             ("GET", "/api/threads/t1?turnLimit=1", True, (), "it takes turn_limit, before"),
             ("GET", "/api/items/i1?x=1", True, (), "it takes path"),
             ("GET", "/api/requests/pending?x=1", True, (), "it takes thread_id"),
-            ("GET", "/api/requests/wait?timout=5", True, (), "it takes after, thread_id, timeout, limit"),
+            ("GET", "/api/requests/wait?timout=5", True, (), "it takes after, thread_id, thread_ids, timeout, limit"),
             ("POST", "/api/dispatch?x=1", True, unsent_body, "it takes none"),
             ("POST", "/api/requests/r1/respond?x=1", True, unsent_body, "it takes none"),
             ("POST", "/mcp?x=1", True, mcp + unsent_body, "it takes none"),

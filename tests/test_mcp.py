@@ -213,7 +213,7 @@ async def test_a_stock_client_delegates_a_task_and_answers_its_permission_prompt
 
             cursor = (await call(client, "wait_for_request", timeout_s=0))["cursor"]
             turn = await call(client, "start_turn", thread_id=thread_id, text=EDIT)
-            waited = await call(client, "wait_for_request", after=cursor, timeout_s=30)
+            waited = await call(client, "wait_for_request", after=cursor, thread_ids=[thread_id], timeout_s=30)
             [request] = waited["requests"]
             assert request["turn_id"] == turn["turn_id"] and request["data"]["tool_name"] == "Edit"
             assert [r["id"] for r in (await call(client, "list_requests", thread_id=thread_id))["requests"]] == [request["id"]]
@@ -241,6 +241,7 @@ async def test_failures_are_tool_errors_that_name_the_problem_and_the_fix(tmp_pa
                 ("get_thread", {"thread_id": "nope"}, "thread 'nope' does not exist"),
                 ("get_thread", {"thread": "x"}, "unknown param 'thread'"),
                 ("wait_for_request", {"timeout_s": 61}, "timeout_s must be between 0 and 60"),
+                ("wait_for_request", {"thread_id": "a", "thread_ids": ["b"]}, "give thread_id (one thread) or thread_ids (several), not both"),
                 ("respond_to_request", {"request_id": "r", "decision": "maybe"}, "decision must be one of allow"),
                 ("respond_to_request", {"request_id": "r", "decision": "allow"}, "request 'r' does not exist"),
                 ("delegate_task", {"text": "go"}, "give exactly one of project_id and project_path"),

@@ -98,6 +98,51 @@ async def test_a_waiting_long_poll_returns_as_soon_as_a_matching_request_opens(t
             assert [r["id"] for r in over_ws["requests"]] == ["r1"]
 
 
+async def test_a_long_poll_of_several_threads_returns_theirs_and_sleeps_through_the_others(tmp_path: Path) -> None:
+    """thread_ids (a list over JSON-RPC, comma-separated in the HTTP query) watches exactly
+    those threads: a request of another thread neither wakes nor is returned; one of either
+    watched thread is, in opening order. Giving thread_id and thread_ids, an empty list or
+    more than 100 ids is refused by name."""
+    with trio.fail_after(30):
+        async with serve_app(tmp_path / "state") as served:
+            for thread_id in ("a", "b", "c"):
+                await open_thread(served, tmp_path, thread_id)
+            replies: dict[str, Any] = {}
+
+            async def over_http() -> None:
+                replies["http"] = (await http(served, "GET", "/api/requests/wait?timeout=20&thread_ids=a,b"))[1]
+
+            async def over_ws(client: Any) -> None:
+                replies["ws"] = await client.call("requests.wait", thread_ids=["b", "a"], timeout=20)
+
+            async with ws_client(served) as client, trio.open_nursery() as nursery:
+                nursery.start_soon(over_http)
+                nursery.start_soon(over_ws, client)
+                await wait_until(lambda: waiting(served) == 2)
+                await open_request(served, "c", "rc")
+                await trio.sleep(0.2)
+                assert waiting(served) == 2 and replies == {}  # c's request woke neither
+                sequence = await open_request(served, "b", "rb")
+            for name in ("http", "ws"):
+                assert [r["id"] for r in replies[name]["requests"]] == ["rb"] and replies[name]["cursor"] == sequence
+            await open_request(served, "a", "ra")
+            status, body = await http(served, "GET", "/api/requests/wait?timeout=0&thread_ids=a,b")
+            assert status == 200 and [r["id"] for r in body["requests"]] == ["rb", "ra"]
+            async with ws_client(served) as client:
+                for params, problem in (
+                    ({"thread_id": "a", "thread_ids": ["b"]}, "not both"),
+                    ({"thread_ids": []}, "thread_ids must hold 1 to 100 strings, not 0"),
+                    ({"thread_ids": [f"t{n}" for n in range(101)]}, "not 101"),
+                    ({"thread_ids": "a,b"}, "thread_ids must be a list of strings"),
+                ):
+                    try:
+                        await client.call("requests.wait", timeout=0, **params)
+                        raise AssertionError(f"{params} was accepted")
+                    except RpcFailed as exc:
+                        assert exc.code == INVALID_PARAMS and problem in str(exc.message), exc.message
+            assert waiting(served) == 0
+
+
 async def test_no_request_opened_between_two_waits_is_missed(tmp_path: Path) -> None:
     """A bot that long-polls with the cursor it was given, and answers what it gets, while
     60 requests open on two threads at random moments, sees every one exactly once."""
@@ -142,7 +187,7 @@ async def test_bad_params_and_query_parameters_are_refused_by_name(tmp_path: Pat
                     assert "timeout must be between 0 and 60" in str(exc.message)
                     assert "after must be between" in str(exc.message) and "'thread'" in str(exc.message)
             status, body = await http(served, "GET", "/api/requests/wait?timout=5")
-            assert status == 400 and "after, thread_id, timeout, limit" in body["error"]["message"]
+            assert status == 400 and "after, thread_id, thread_ids, timeout, limit" in body["error"]["message"]
             status, body = await http(served, "GET", "/api/requests/wait?timeout=soon")
             assert status == 400 and "timeout must be an integer" in body["error"]["message"]
 

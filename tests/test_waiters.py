@@ -57,9 +57,9 @@ def test_a_request_opened_after_the_cursor_wakes_its_waiter_and_only_it() -> Non
     past the opening sequence, is neither handed it nor woken."""
     waiters = seeded()
     mine, any_thread, other, behind = Wakes(), Wakes(), Wakes(), Wakes()
-    waiters.add(Waiter(5, "t1", 10, wake=mine))
+    waiters.add(Waiter(5, frozenset({"t1"}), 10, wake=mine))
     waiters.add(Waiter(5, None, 10, wake=any_thread))
-    waiters.add(Waiter(5, "t2", 10, wake=other))
+    waiters.add(Waiter(5, frozenset({"t2"}), 10, wake=other))
     late = Waiter(7, None, 10, wake=behind)
     waiters.add(late)
     waiters.on_commit(commit(event(7, request("r1"))))
@@ -78,7 +78,7 @@ def test_the_index_lists_the_oldest_newer_requests_first_up_to_the_limit_and_for
     waiters.add(holder)
     waiters.on_commit(commit(event(1, request("a")), event(2, request("b", "t2")), event(3, request("c"))))
     assert [r.request_id for r in waiters.pending_after(0, None, 2)] == ["a", "b"]
-    assert [r.request_id for r in waiters.pending_after(1, "t1", 10)] == ["c"]
+    assert [r.request_id for r in waiters.pending_after(1, frozenset({"t1"}), 10)] == ["c"]
     waiters.on_commit(commit(event(4, request("a", status="resolved"))))
     assert [f[1] for f in holder.found] == ["b", "c"]
     thread = Thread("t2", "p", "title", "replay", None, "approval-required", None, None, None, "idle", 0.0)
@@ -91,7 +91,7 @@ def test_a_large_request_is_summarized_once_for_every_waiter() -> None:
     """The wire JSON handed to waiters has large fields summarized, and it is the very same
     bytes object for every waiter (encoded once)."""
     waiters = seeded()
-    first, second = Waiter(0, None, 10), Waiter(0, "t1", 10)
+    first, second = Waiter(0, None, 10), Waiter(0, frozenset({"t1"}), 10)
     waiters.add(first)
     waiters.add(second)
     waiters.on_commit(commit(event(1, request("big", data={"input": "x" * (FIELD_LIMIT * 2)}))))
@@ -136,9 +136,9 @@ def test_bounds_refuse_with_a_message_that_names_the_bound_and_the_fix() -> None
     first, second = Waiter(0, None, 1, connection), Waiter(0, None, 1, connection)
     waiters.add(first)
     waiters.add(second)
-    with pytest.raises(WaitersFull, match=r"this connection already holds 2 .*without thread_id"):
+    with pytest.raises(WaitersFull, match=r"this connection already holds 2 .*several threads \(thread_ids\) or every thread"):
         waiters.add(Waiter(0, None, 1, connection))
-    waiters.add(Waiter(0, "t1", 1))
+    waiters.add(Waiter(0, frozenset({"t1"}), 1))
     with pytest.raises(WaitersFull, match=r"already holds 3 requests.wait long-polls, its bound; retry"):
         waiters.add(Waiter(0, None, 1))
     waiters.remove(first)
@@ -171,8 +171,8 @@ class Model:
     pending: dict[str, tuple[str, int]] = attrs.Factory(dict)
 
 
-@given(st.lists(st.tuples(st.sampled_from(["open", "close"]), st.integers(0, 5), st.sampled_from(["t1", "t2"])), max_size=40), st.integers(0, 40), st.sampled_from([None, "t1", "t2"]))
-def test_the_index_always_holds_exactly_the_pending_requests_newer_than_any_cursor(steps: list[tuple[str, int, str]], after: int, thread_id: str | None) -> None:
+@given(st.lists(st.tuples(st.sampled_from(["open", "close"]), st.integers(0, 5), st.sampled_from(["t1", "t2"])), max_size=40), st.integers(0, 40), st.sampled_from([None, frozenset({"t1"}), frozenset({"t2"}), frozenset({"t1", "t2"})]))
+def test_the_index_always_holds_exactly_the_pending_requests_newer_than_any_cursor(steps: list[tuple[str, int, str]], after: int, threads: frozenset[str] | None) -> None:
     """Whatever opens and closes, in any order, the index lists exactly the requests a model
     says are pending and were opened after the cursor, in opening order."""
     waiters, model = seeded(), Model()
@@ -183,8 +183,8 @@ def test_the_index_always_holds_exactly_the_pending_requests_newer_than_any_curs
             waiters.on_commit(commit(event(sequence, request(request_id, thread))))
         elif action == "close" and request_id in model.pending:
             waiters.on_commit(commit(event(sequence, request(request_id, model.pending.pop(request_id)[0], "cancelled"))))
-    expected = sorted((s, r) for r, (t, s) in model.pending.items() if s > after and thread_id in (None, t))
-    assert [(r.sequence, r.request_id) for r in waiters.pending_after(after, thread_id, 100)] == expected
+    expected = sorted((s, r) for r, (t, s) in model.pending.items() if s > after and (threads is None or t in threads))
+    assert [(r.sequence, r.request_id) for r in waiters.pending_after(after, threads, 100)] == expected
 
 
 def test_a_commit_wakes_the_requests_own_thread_waiters_before_those_of_every_thread() -> None:
@@ -192,8 +192,9 @@ def test_a_commit_wakes_the_requests_own_thread_waiters_before_those_of_every_th
     every thread, whatever order they were added in: the thread's own bot answers."""
     waiters = seeded()
     order: list[str] = []
-    for name, thread_id in (("any-1", None), ("mine-1", "t1"), ("any-2", None), ("mine-2", "t1")):
-        waiters.add(Waiter(0, thread_id, 10, wake=partial(order.append, name)))
+    t1 = frozenset({"t1"})
+    for name, threads in (("any-1", None), ("mine-1", t1), ("any-2", None), ("mine-2", t1)):
+        waiters.add(Waiter(0, threads, 10, wake=partial(order.append, name)))
     waiters.on_commit(commit(event(3, request("r1"))))
     assert sorted(order[:2]) == ["mine-1", "mine-2"] and sorted(order[2:]) == ["any-1", "any-2"]
 
@@ -240,3 +241,22 @@ def test_the_newest_requests_wire_json_is_kept_up_to_its_bound_and_dropped_when_
     waiters.on_commit(commit(event(5, request("r2", status="allowed"))))
     waiters.forget(["r3"])
     assert waiters.wire_of("r2") is None and waiters.wire_of("r3") is None
+
+
+def test_a_waiter_of_several_threads_is_woken_by_each_of_them_once_and_leaves_no_trace() -> None:
+    """A waiter of threads {t1, t2} is handed a request of either (once each) and none of t3;
+    the index filters by the same set; removing it forgets it under every thread it watched,
+    and a waiter of no thread at all is refused."""
+    waiters = seeded()
+    wakes = Wakes()
+    both = Waiter(0, frozenset({"t1", "t2"}), 10, wake=wakes)
+    waiters.add(both)
+    waiters.on_commit(commit(event(1, request("a")), event(2, request("b", "t2")), event(3, request("c", "t3"))))
+    assert [f[1] for f in both.found] == ["a", "b"] and wakes.count == 2
+    assert [r.request_id for r in waiters.pending_after(0, frozenset({"t2", "t3"}), 10)] == ["b", "c"]
+    waiters.remove(both)
+    assert waiters.statistics().waiters == 0 and waiters._waiters == {}
+    waiters.remove(both)  # idempotent
+    with pytest.raises(ValueError, match="at least one thread"):
+        waiters.add(Waiter(0, frozenset(), 10))
+    assert waiters.statistics().waiters == 0

@@ -188,7 +188,7 @@ class ApiApp:
             Route("/api/threads/([^/]+)", {"GET": self._get_thread}, query=("turn_limit", "before")),
             Route("/api/items/([^/]+)", {"GET": self._get_item}, query=("path",)),
             Route("/api/requests/pending", {"GET": self._get_pending}, query=("thread_id",)),
-            Route("/api/requests/wait", {"GET": self._get_wait}, query=("after", "thread_id", "timeout", "limit")),
+            Route("/api/requests/wait", {"GET": self._get_wait}, query=("after", "thread_id", "thread_ids", "timeout", "limit")),
             Route("/api/requests/([^/]+)/respond", {"POST": self._post_respond}),
             Route("/api/spawner", {"GET": self._get_spawner}),
             Route("/api/dispatch", {"POST": self._post_dispatch}),
@@ -334,7 +334,12 @@ class ApiApp:
 
     async def _get_wait(self, r: HttpRequest, _: re.Match[str]) -> HttpResponse:
         """A long-poll for runtime requests (``requests.wait``)."""
-        wait = {"thread_id": r.query.get("thread_id"), **_int_query(r.query, ("after", "timeout", "limit"))}
+        thread_ids = r.query.get("thread_ids")
+        wait = {
+            "thread_id": r.query.get("thread_id"),
+            "thread_ids": None if thread_ids is None else thread_ids.split(","),
+            **_int_query(r.query, ("after", "timeout", "limit")),
+        }
         return _json(200, await self.methods.call("requests.wait", wait))
 
     async def _post_respond(self, r: HttpRequest, m: re.Match[str]) -> HttpResponse:

@@ -139,6 +139,22 @@ class Params:
         value = self._get(name, str, "a string", False)
         return self._bounded(name, value, max_len)
 
+    def opt_str_list(self, name: builtins.str, *, max_items: int, max_len: int = 4096) -> Any:
+        """A list of 1 to ``max_items`` strings, or None when not given."""
+        value = self._get(name, list, "a list of strings", False)
+        if value is None:
+            return None
+        if not 1 <= len(value) <= max_items:
+            self._problems.append(f"{name} must hold 1 to {max_items} strings, not {len(value)}")
+            return None
+        if not all(isinstance(v, str) for v in value):
+            self._problems.append(f"{name} must hold only strings")
+            return None
+        if any(len(v) > max_len for v in value):
+            self._problems.append(f"{name} holds a string longer than {max_len} characters")
+            return None
+        return value
+
     def _bounded(self, name: builtins.str, value: Any, max_len: int) -> Any:
         if value is not None and len(value) > max_len:
             self._problems.append(f"{name} is longer than {max_len} characters")

@@ -28,7 +28,9 @@ from t3d.api.methods import (
     WAIT_DEFAULT_S,
     WAIT_LIMIT_DEFAULT,
     WAIT_MAX_S,
+    WAIT_THREADS_MAX,
     Methods,
+    watched_threads,
 )
 from t3d.domain.model import DECISIONS, PROVIDERS, TERMINAL_TURN_STATUSES
 from t3d.errors import T3dError
@@ -212,10 +214,12 @@ async def list_requests(t: McpTools, p: Params) -> Output:
 
 async def wait_for_request(t: McpTools, p: Params) -> Output | Built:
     thread_id = p.opt_str("thread_id", max_len=200)
+    thread_ids = p.opt_str_list("thread_ids", max_items=WAIT_THREADS_MAX, max_len=200)
     after = p.opt_int("after", default=0, low=0, high=1 << 62)
     timeout = p.opt_int("timeout_s", default=WAIT_DEFAULT_S, low=0, high=WAIT_MAX_S)
     p.check()
-    found, cursor = await t.methods.wait_found(after, thread_id, timeout, WAIT_LIMIT_DEFAULT)
+    threads = watched_threads(thread_id, thread_ids)
+    found, cursor = await t.methods.wait_found(after, threads, timeout, WAIT_LIMIT_DEFAULT)
     if not found:
         return f"No request opened within {timeout} s. Call wait_for_request again with after={cursor}.", {"requests": [], "cursor": cursor}
     result = t.wake_reply(found)
@@ -388,6 +392,10 @@ TOOLS = (
         _schema(
             after={"type": "integer", "minimum": 0, "description": "the cursor the previous call returned (default 0)"},
             thread_id=_s("only this thread's requests (a cursor belongs to the filter it was returned for)"),
+            thread_ids={
+                "type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": WAIT_THREADS_MAX,
+                "description": "only these threads' requests (instead of thread_id): a bot that answers for some agents watches just theirs",
+            },
             timeout_s={"type": "integer", "minimum": 0, "maximum": WAIT_MAX_S, "description": f"seconds to wait at most (default {WAIT_DEFAULT_S})"},
         ),
         wait_for_request,

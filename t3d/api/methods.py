@@ -52,6 +52,7 @@ MAX_PATH = 32
 # requests.wait: seconds a long-poll waits by default and at most; requests per reply.
 WAIT_DEFAULT_S, WAIT_MAX_S = 25, 60
 WAIT_LIMIT_DEFAULT, WAIT_LIMIT_MAX = 100, 1000
+WAIT_THREADS_MAX = 100  # thread_ids one long-poll may watch (more: watch every thread)
 
 Method = Callable[[Params], Awaitable[Any]]
 
@@ -388,10 +389,12 @@ class Methods:
         after ``timeout`` seconds. Pass ``cursor`` as the next ``after``."""
         after = p.opt_int("after", default=0, low=0, high=1 << 62)
         thread_id = p.opt_str("thread_id", max_len=200)
+        thread_ids = p.opt_str_list("thread_ids", max_items=WAIT_THREADS_MAX, max_len=200)
         timeout = p.opt_int("timeout", default=WAIT_DEFAULT_S, low=0, high=WAIT_MAX_S)
         limit = p.opt_int("limit", default=WAIT_LIMIT_DEFAULT, low=1, high=WAIT_LIMIT_MAX)
         p.check()
-        found, cursor = await self.wait_found(after, thread_id, timeout, limit, owner=owner)
+        threads = watched_threads(thread_id, thread_ids)
+        found, cursor = await self.wait_found(after, threads, timeout, limit, owner=owner)
         if not found:
             return {"requests": [], "cursor": cursor}
         result = _wait_result(found)
@@ -399,12 +402,12 @@ class Methods:
         return result
 
     async def wait_found(
-        self, after: int, thread_id: str | None, timeout_s: float, limit: int, *, owner: object | None = None
+        self, after: int, threads: frozenset[str] | None, timeout_s: float, limit: int, *, owner: object | None = None
     ) -> tuple[list[Found], int]:
         """`requests_wait` with checked params: what it found (sorted by opening sequence)
         and the cursor to pass next (the last one's sequence; with none, where to go on)."""
         await self._seed_waiters()
-        waiter = Waiter(after, thread_id, limit, owner)
+        waiter = Waiter(after, threads, limit, owner)
         try:
             self.waiters.add(waiter)
         except WaitersFull as exc:
@@ -422,7 +425,7 @@ class Methods:
             if found:
                 found.sort()
                 return found, found[-1][0]
-            if self.waiters.pending_after(after, thread_id, 1):  # never skip an indexed one
+            if self.waiters.pending_after(after, threads, 1):  # never skip an indexed one
                 return [], after
             return [], max(after, self.waiters.last_sequence)
         finally:
@@ -432,7 +435,7 @@ class Methods:
         """The indexed requests newer than the waiter's cursor (their kept wire JSON, or read
         from the database for those older than what the index keeps); if there are none,
         what commits handed the waiter."""
-        listed = self.waiters.pending_after(waiter.after, waiter.thread_id, waiter.limit)
+        listed = self.waiters.pending_after(waiter.after, waiter.threads, waiter.limit)
         if listed:
             bodies: dict[str, bytes] = {}
             for r in listed:
@@ -508,3 +511,13 @@ def _wait_result(found: list[Found]) -> dict[str, Any]:
         "requests": orjson.Fragment(b"[" + b",".join(wire for _, _, wire in found) + b"]"),
         "cursor": found[-1][0],
     }
+
+
+def watched_threads(thread_id: str | None, thread_ids: list[str] | None) -> frozenset[str] | None:
+    """A long-poll's thread filter from its checked ``thread_id`` and ``thread_ids`` params:
+    the threads it watches, or None for every thread."""
+    if thread_id is not None and thread_ids is not None:
+        raise RpcError(INVALID_PARAMS, "give thread_id (one thread) or thread_ids (several), not both")
+    if thread_ids is not None:
+        return frozenset(thread_ids)
+    return None if thread_id is None else frozenset((thread_id,))

@@ -25,6 +25,7 @@ from t3d.api.methods import (
     WAIT_LIMIT_DEFAULT,
     WAIT_LIMIT_MAX,
     WAIT_MAX_S,
+    WAIT_THREADS_MAX,
 )
 from t3d.api.schema_types import (
     ANY_OBJECT,
@@ -355,6 +356,7 @@ METHODS: dict[str, Method] = {
         {
             "after": opt(integer(0, 1 << 62), "the cursor the previous reply returned (default 0: every pending request)"),
             "thread_id": opt(ID, "only this thread's requests (a cursor belongs to its filter)"),
+            "thread_ids": opt(array(ID, WAIT_THREADS_MAX, min_items=1), "only these threads' requests (instead of thread_id)"),
             "timeout": opt(integer(0, WAIT_MAX_S), f"seconds to wait at most (default {WAIT_DEFAULT_S})"),
             "limit": opt(integer(1, WAIT_LIMIT_MAX), f"requests per reply at most (default {WAIT_LIMIT_DEFAULT})"),
         },

@@ -80,8 +80,10 @@ def ref(name: str) -> Schema:
     return {"$ref": f"#/definitions/{name}"}
 
 
-def array(items: Schema, max_items: int | None = None) -> Schema:
+def array(items: Schema, max_items: int | None = None, *, min_items: int = 0) -> Schema:
     schema: Schema = {"type": "array", "items": items}
+    if min_items:
+        schema["minItems"] = min_items
     if max_items is not None:
         schema["maxItems"] = max_items
     return schema

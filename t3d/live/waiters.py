@@ -86,10 +86,10 @@ def _ignore_reply(via: str, seconds: float) -> None:
 
 @attrs.define(eq=False)
 class Waiter:
-    """One long-poll: requests opened after ``after`` (of ``thread_id``, or of any thread)."""
+    """One long-poll: requests opened after ``after`` (of the ``threads``; None: of any thread)."""
 
     after: int
-    thread_id: str | None
+    threads: frozenset[str] | None
     limit: int
     owner: object | None = None
     # Called (synchronously, from `on_commit`) when ``found`` gained a request.
@@ -118,7 +118,8 @@ class RequestWaiters:
         # Pending requests by id, in opening-sequence order (hook additions come in sequence
         # order; `seed` re-sorts after merging older ones).
         self._pending: dict[str, PendingRequest] = {}
-        # Waiters by the thread they watch; None: waiters of every thread.
+        # Waiters by the thread they watch (a waiter of several threads is under each);
+        # None: waiters of every thread.
         self._waiters: dict[str | None, set[Waiter]] = {}
         self._count = 0
         self._per_owner: dict[object, int] = {}
@@ -168,13 +169,13 @@ class RequestWaiters:
         self._seeded = True
         self.overflowed = too_many
 
-    def pending_after(self, after: int, thread_id: str | None, limit: int) -> list[PendingRequest]:
-        """The oldest ``limit`` indexed requests opened after ``after`` (of ``thread_id``)."""
+    def pending_after(self, after: int, threads: frozenset[str] | None, limit: int) -> list[PendingRequest]:
+        """The oldest ``limit`` indexed requests opened after ``after`` (of the ``threads``)."""
         newer: list[PendingRequest] = []
         for request in reversed(self._pending.values()):
             if request.sequence <= after:
                 break
-            if thread_id is None or request.thread_id == thread_id:
+            if threads is None or request.thread_id in threads:
                 newer.append(request)
         newer.reverse()
         return newer[:limit]
@@ -262,28 +263,33 @@ class RequestWaiters:
         if self._count >= self.max_waiters:
             raise WaitersFull(
                 f"the daemon already holds {self.max_waiters} requests.wait long-polls, its bound; "
-                "retry once one returns, and let one long-poll (without thread_id) watch every thread"
+                "retry once one returns, and let one long-poll watch several threads (thread_ids) or every thread (no filter)"
             )
+        if waiter.threads is not None and not waiter.threads:
+            raise ValueError("a waiter watches at least one thread (threads=None: every thread)")
         owner = waiter.owner
         if owner is not None and self._per_owner.get(owner, 0) >= self.max_per_owner:
             raise WaitersFull(
                 f"this connection already holds {self.max_per_owner} requests.wait long-polls, the "
-                "bound per connection; wait for one to return, or watch every thread with one long-poll "
-                "without thread_id"
+                "bound per connection; wait for one to return, or let one long-poll watch several threads "
+                "(thread_ids) or every thread (no filter)"
             )
-        self._waiters.setdefault(waiter.thread_id, set()).add(waiter)
+        for key in _keys(waiter):
+            self._waiters.setdefault(key, set()).add(waiter)
         self._count += 1
         if owner is not None:
             self._per_owner[owner] = self._per_owner.get(owner, 0) + 1
 
     def remove(self, waiter: Waiter) -> None:
         """Forget ``waiter`` and what it was handed (idempotent)."""
-        waiters = self._waiters.get(waiter.thread_id)
-        if waiters is None or waiter not in waiters:
+        keys = _keys(waiter)
+        if not keys or waiter not in self._waiters.get(keys[0], ()):
             return
-        waiters.discard(waiter)
-        if not waiters:
-            del self._waiters[waiter.thread_id]
+        for key in keys:
+            waiters = self._waiters[key]
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[key]
         self._count -= 1
         owner = waiter.owner
         if owner is not None:
@@ -297,3 +303,8 @@ class RequestWaiters:
 
     def statistics(self) -> WaitersStatistics:
         return WaitersStatistics(self._count, len(self._pending), self.overflowed)
+
+
+def _keys(waiter: Waiter) -> tuple[str | None, ...]:
+    """Where ``waiter`` is filed: under each thread it watches, or under None for all."""
+    return (None,) if waiter.threads is None else tuple(waiter.threads)
