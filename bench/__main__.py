@@ -38,6 +38,7 @@ import argparse
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -328,6 +329,10 @@ def command_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -433,6 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     flood.add_argument("--seconds", type=float, default=60, help="measured window in seconds (default 60)")
     flood.add_argument("--out", help="output directory (default: a temporary directory)")
     args = parser.parse_args(argv)
+    # A SIGTERM (a timeout, a service manager, kill) stops a run as Ctrl-C does, through
+    # trio's SIGINT handling, so that the daemons it started are stopped, not left running.
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.command == "prune":
         from bench import prune
 
