@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = sub.add_parser("gen-db", help="write a synthetic database shaped like a busy host's (bench/gen_db.py)")
     gen.add_argument("--events", type=int, required=True, help="events to write (e.g. 1000000)")
     gen.add_argument("--out", required=True, help="the database file to create (put it under /tmp)")
-    gen.add_argument("--threads", type=int, help="threads (default: 2,700 from 1 M events on)")
+    gen.add_argument("--threads", type=int, help="threads, at least 21 (default: events ÷ 370, 2,700 from 1 M events on)")
     gen.add_argument("--big-thread-items", type=int, help="items of the one big thread (default: up to 100,000)")
     gen.add_argument("--seed", type=int, default=1)
     up = sub.add_parser("startup", help="start-up time and shell/snapshot reads on a database (bench/startup.py)")

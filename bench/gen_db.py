@@ -48,6 +48,9 @@ _TEXT = (
 )
 
 
+MIN_THREADS = 21  # so that the shape has a subagent thread
+
+
 @attrs.frozen
 class Shape:
     events: int
@@ -64,7 +67,9 @@ class Shape:
         fewer below; the big thread holds about a quarter of the events, up to 100k items."""
         if events < 200:
             raise ValueError(f"--events {events} is too few for the shape; use at least 200")
-        threads = threads or max(3, min(2700, events // 370))
+        if threads is not None and threads < MIN_THREADS:
+            raise ValueError(f"--threads {threads} is too few: the shape needs {MIN_THREADS} (every tenth thread from the 21st on is a subagent)")
+        threads = threads or max(MIN_THREADS, min(2700, events // 370))
         big_items = big_items if big_items is not None else min(100_000, events // 10)
         return cls(events, threads, big_items, max(1, min(40, threads // 60)), seed)
 

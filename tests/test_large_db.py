@@ -200,6 +200,8 @@ def test_the_generator_refuses_to_overwrite_and_too_small_a_shape(tmp_path: Path
         generate(existing, SHAPE)
     with pytest.raises(ValueError, match="too few"):
         Shape.for_events(10)
+    with pytest.raises(ValueError, match="--threads 20 is too few: the shape needs 21"):
+        Shape.for_events(20_000, threads=20)
 
 
 async def test_the_daemon_opens_the_generated_database_as_its_own(
