@@ -101,8 +101,8 @@ async def test_a_waiting_long_poll_returns_as_soon_as_a_matching_request_opens(t
 async def test_a_long_poll_of_several_threads_returns_theirs_and_sleeps_through_the_others(tmp_path: Path) -> None:
     """thread_ids (a list over JSON-RPC, comma-separated in the HTTP query) watches exactly
     those threads: a request of another thread neither wakes nor is returned; one of either
-    watched thread is, in opening order. Giving thread_id and thread_ids, an empty list or
-    more than 100 ids is refused by name."""
+    watched thread is, in opening order. Giving thread_id and thread_ids, an empty list, an
+    empty id or more than 100 ids is refused by name."""
     with trio.fail_after(30):
         async with serve_app(tmp_path / "state") as served:
             for thread_id in ("a", "b", "c"):
@@ -128,12 +128,15 @@ async def test_a_long_poll_of_several_threads_returns_theirs_and_sleeps_through_
             await open_request(served, "a", "ra")
             status, body = await http(served, "GET", "/api/requests/wait?timeout=0&thread_ids=a,b")
             assert status == 200 and [r["id"] for r in body["requests"]] == ["rb", "ra"]
+            status, body = await http(served, "GET", "/api/requests/wait?timeout=0&thread_ids=a,,b")
+            assert status == 400 and "non-empty" in body["error"]["message"]
             async with ws_client(served) as client:
                 for params, problem in (
                     ({"thread_id": "a", "thread_ids": ["b"]}, "not both"),
                     ({"thread_ids": []}, "thread_ids must hold 1 to 100 strings, not 0"),
                     ({"thread_ids": [f"t{n}" for n in range(101)]}, "not 101"),
                     ({"thread_ids": "a,b"}, "thread_ids must be a list of strings"),
+                    ({"thread_ids": ["a", ""]}, "thread_ids must hold only non-empty strings"),
                 ):
                     try:
                         await client.call("requests.wait", timeout=0, **params)

@@ -147,8 +147,8 @@ class Params:
         if not 1 <= len(value) <= max_items:
             self._problems.append(f"{name} must hold 1 to {max_items} strings, not {len(value)}")
             return None
-        if not all(isinstance(v, str) for v in value):
-            self._problems.append(f"{name} must hold only strings")
+        if not all(isinstance(v, str) and v for v in value):
+            self._problems.append(f"{name} must hold only non-empty strings")
             return None
         if any(len(v) > max_len for v in value):
             self._problems.append(f"{name} holds a string longer than {max_len} characters")
