@@ -13,21 +13,14 @@ import sys
 import time
 from pathlib import Path
 
+from bench.procfs import processes_under
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def processes_of(state: Path) -> list[int]:
-    """Pids whose command line names ``state`` (the daemon and its spawner)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if any(str(state).encode() in arg for arg in argv) and int(entry.name) != os.getpid():
-                found.append(int(entry.name))
-    return found
+    """The daemon and its spawner: processes whose command line names ``state``."""
+    return processes_under(str(state))
 
 
 def test_sigterm_to_a_bench_run_stops_its_daemon(tmp_path: Path) -> None:
