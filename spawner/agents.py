@@ -194,6 +194,9 @@ class Agents:
             gone = {c.owner for c in self.children.values() if c.owner is not None and c.owner is not conn and c.owner.gone()}
             for owner in gone:  # its reader thread has not seen the EOF yet
                 self._disown_locked(owner)
+            # An orphan whose grace is over is stopped, not handed over: with a grace of 0
+            # the agents stop with their daemon even when the next one asks before a sweep.
+            self._stop_unclaimed_orphans(time.time())
             orphans = [  # not those being stopped for want of a daemon: too late for them
                 c for c in self.children.values()
                 if c.owner is None and c.term_sent_at is None and all(c.meta.get(k) == v for k, v in (match or {}).items())
@@ -219,6 +222,7 @@ class Agents:
                 self._dirty.add(child)
                 if child.returncode is not None:
                     self._exited.add(child)
+        self._next_sweep = 0.0  # a grace of 0 starts now, not at the next half-second sweep
 
     def _owned(self, message: dict[str, Any], conn: Owner) -> Child:
         child_id = message.get("child")

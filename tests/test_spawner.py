@@ -262,14 +262,38 @@ async def test_a_new_daemon_leaves_children_of_other_state_dirs_alone_and_unclai
         await sidecar.wait()
 
 
-def _spawn_and_vanish(path: str, count: int) -> list[int]:
+async def test_with_a_grace_of_0_an_orphan_is_stopped_even_if_the_next_daemon_asks_first(
+    tmp_path: Path,
+) -> None:
+    """A reattach window of 0 means agents stop with their daemon. A new daemon of the same
+    state dir that asks to adopt right after the old one vanished (before the spawner's
+    periodic sweep) is not handed the agent: the spawner stops it instead. Before, the agent
+    was adopted and kept running (a CI failure of test_restart's kill -9 test)."""
+    path = tmp_path / "spawner.sock"
+    sidecar = await trio.lowlevel.open_process([sys.executable, "-m", "spawner", "--socket", str(path)])
+    try:
+        with trio.fail_after(20):
+            await wait_until(path.exists)
+            for _ in range(5):  # each round races the sweep again
+                meta = {"state_dir": str(tmp_path)}
+                [pid] = await trio.to_thread.run_sync(_spawn_and_vanish, str(path), 1, meta, 0)
+                async with open_spawner(settings(tmp_path, agent_reattach_window=0)) as spawner:
+                    assert [o.pid for o in await spawner.adopt() if o.returncode is None] == []
+                    await wait_until(lambda pid=pid: not _alive(pid))
+    finally:
+        sidecar.terminate()
+        await sidecar.wait()
+
+
+def _spawn_and_vanish(path: str, count: int, meta: dict[str, str] | None = None, grace: float | None = None) -> list[int]:
     """Like a daemon killed with SIGKILL: spawn children that ignore stdin EOF, then vanish."""
     decoder = FrameDecoder()
     pids = []
+    extra = {**({"meta": meta} if meta else {}), **({"orphan_grace": grace} if grace is not None else {})}
     with socket.socket(socket.AF_UNIX) as sock:
         sock.connect(path)
         for n in range(count):
-            sock.sendall(encode_frame({"id": n, "op": "spawn", "argv": ["sleep", "60"], "tag": f"thread T{n + 1}"}))
+            sock.sendall(encode_frame({"id": n, "op": "spawn", "argv": ["sleep", "60"], "tag": f"thread T{n + 1}", **extra}))
             while (reply := decoder.next_frame()) is None:
                 data, fds, _, _ = socket.recv_fds(sock, 65536, 8)
                 decoder.feed(data)
