@@ -424,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("prune", help="retention on a database: sizes before and after prune and vacuum, and the time (bench/prune.py)")
     pr.add_argument("--db", required=True, help="the database to start from (copied; never changed)")
     pr.add_argument("--no-full-vacuum", action="store_true", help="skip the VACUUM after the prune")
+    pr.add_argument("--duty", type=float, default=0.25, help="the daemon's --retention-duty for the pass (default 0.25, the daemon's default; 1 measures the pass without its pauses)")
     pr.add_argument("--out", help="output directory (default: bench-out/prune-TIME)")
     large = sub.add_parser("git-large", help="workspace status and checkpoints on a generated large repository (bench/git_large.py)")
     large.add_argument("--files", type=int, default=100_000, help="files in the repository (default 100000)")

@@ -8,7 +8,8 @@ over ``POST /api/dispatch``, jobs polled with ``db.job``):
 - ``db.prune``: one retention pass with the default ages (everything in a generated
   database is older than them): superseded events deleted, every entity's newest event
   compacted (its payload dropped: its body is its row), incremental vacuum included; its
-  time, and each phase's time on the writer (the pass pauses three times as long);
+  time, and each phase's time on the writer (at ``--duty``, the daemon's
+  ``--retention-duty``, the pass pauses (1 - duty) / duty times as long: 3 at 0.25);
 - ``db.stats`` after, then ``db.vacuum --full`` (one VACUUM: what fragmentation the
   incremental vacuum leaves) and ``db.stats`` again, unless ``--no-full-vacuum``.
 
@@ -63,12 +64,13 @@ def _sizes(stats: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def measure(db: Path, out: Path, full_vacuum: bool) -> dict[str, Any]:
+async def measure(db: Path, out: Path, full_vacuum: bool, duty: float) -> dict[str, Any]:
     state = prepare_state(out / "state", db)
-    daemon, ready_s = await start_daemon_timed(state, out / "daemon.log", ["--retention-interval", "1d"])
+    flags = ["--retention-interval", "1d", "--retention-duty", str(duty)]
+    daemon, ready_s = await start_daemon_timed(state, out / "daemon.log", flags)
     client = HttpClient(daemon.port, daemon.token)
     try:
-        result: dict[str, Any] = {"db": str(db), "start_s": ready_s}
+        result: dict[str, Any] = {"db": str(db), "start_s": ready_s, "duty": duty}
         result["before"] = _sizes(await call(client, "db.stats"))
         started = time.monotonic()
         prune = await run_job(client, "db.prune")
@@ -96,7 +98,7 @@ def command(args: Any) -> int:
         return 2
     out = Path(args.out or f"bench-out/prune-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    result = trio.run(measure, db, out, not args.no_full_vacuum)
+    result = trio.run(measure, db, out, not args.no_full_vacuum, args.duty)
     (out / "prune.json").write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
     before, after = result["before"]["file_bytes"], result["after_prune"]["file_bytes"]
     prune = result["prune"]
@@ -107,7 +109,7 @@ def command(args: Any) -> int:
         f"thread-state events, compacted {compacted.get('item snapshots', 0):,} item snapshots and "
         f"{compacted.get('thread-state events', 0):,} thread-state events "
         f"({_mib(sum(compacted_bytes.values()))} of payload), in {prune['wall_s']:.0f} s "
-        f"({prune['steps']:,} steps): {_mib(after)} ({after / before:.0%}), {result['after_prune']['events']:,} events"
+        f"({prune['steps']:,} steps, duty {args.duty:g}): {_mib(after)} ({after / before:.0%}), {result['after_prune']['events']:,} events"
     )
     print("  on the writer: " + ", ".join(f"{phase} {s:.1f} s" for phase, s in prune["writer_s"].items()))
     if "full_vacuum" in result:

@@ -76,6 +76,7 @@ SERVE_FLAGS = (
     ("--retention-item-snapshots-age", "retention_item_snapshots_age", "how long an item's superseded snapshots (item.updated) are kept, 0-30d, in seconds or with a unit: 90, 5m, 1h, 7d (T3D_RETENTION_ITEM_SNAPSHOTS_AGE; default 1h)"),
     ("--retention-state-events-age", "retention_state_events_age", "how long superseded thread, turn, request, session and checkpoint events (and done outbox rows) are kept, 0-365d (T3D_RETENTION_STATE_EVENTS_AGE; default 7d)"),
     ("--retention-interval", "retention_interval", "time between retention passes, 1s-1d (T3D_RETENTION_INTERVAL; default 1m)"),
+    ("--retention-duty", "retention_duty", "the share of the database writer's time a retention pass may take, 0.05-1: it pauses between its steps so other writes go first; 1 clears a backlog soonest, for a quiet daemon (T3D_RETENTION_DUTY; default 0.25)"),
     ("--agent-reattach-window", "agent_reattach_window", "seconds agents keep running under the spawner after the daemon stops without stopping them (SIGTERM, a crash), for the next daemon on this state dir to reattach; 0 = agents stop with the daemon, 0-86400 (T3D_AGENT_REATTACH_WINDOW; default 300)"),
     ("--turn-silence-timeout", "turn_silence_timeout", "seconds a running turn's provider may send nothing (no approval pending) before the turn fails and the provider is stopped, 0 = never, 0-604800 (T3D_TURN_SILENCE_TIMEOUT; default 1800)"),
     ("--log-level", "log_level", "debug, info, warning or error (T3D_LOG_LEVEL; default info)"),

@@ -102,6 +102,8 @@ class Settings:
     retention_state_events_age: float = 7 * 86400.0
     # Seconds between retention passes.
     retention_interval: float = 60.0
+    # The share of the writer's time a retention pass may take (it pauses between steps).
+    retention_duty: float = 0.25
     # Seconds agents keep running under the spawner for a daemon to come back and
     # reattach after this one went away without stopping them; 0 = they stop with it.
     agent_reattach_window: float = 300.0
@@ -297,6 +299,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "retention_item_snapshots_age": ("T3D_RETENTION_ITEM_SNAPSHOTS_AGE", _duration(0.0, 30 * 86400.0)),
     "retention_state_events_age": ("T3D_RETENTION_STATE_EVENTS_AGE", _duration(0.0, 365 * 86400.0)),
     "retention_interval": ("T3D_RETENTION_INTERVAL", _duration(1.0, 86400.0)),
+    "retention_duty": ("T3D_RETENTION_DUTY", _float_in(0.05, 1.0)),
     "agent_reattach_window": ("T3D_AGENT_REATTACH_WINDOW", _float_in(0.0, 86400.0)),
     "turn_silence_timeout": ("T3D_TURN_SILENCE_TIMEOUT", _float_in(0.0, 604800.0)),
     "log_level": ("T3D_LOG_LEVEL", _choice("debug", "info", "warning", "error")),

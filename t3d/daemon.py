@@ -145,6 +145,7 @@ async def _run_daemon(
                 Policy(
                     item_age_s=settings.retention_item_snapshots_age,
                     state_age_s=settings.retention_state_events_age,
+                    duty=settings.retention_duty,
                 ),
             )
             store.on_commit(pruner.on_commit)

@@ -545,14 +545,16 @@ def test_retention_settings_take_durations_within_their_ranges() -> None:
     )
     assert (settings.retention_item_snapshots_age, settings.retention_state_events_age) == (300.0, 172800.0)
     assert (settings.retention_interval, settings.retention) == (90.0, "off")
+    assert load_settings({}, {"T3D_RETENTION_DUTY": "1"}).retention_duty == 1.0
     defaults = load_settings({}, {})
-    assert (defaults.retention, defaults.retention_item_snapshots_age, defaults.retention_state_events_age, defaults.retention_interval) == ("on", 3600.0, 604800.0, 60.0)
+    assert (defaults.retention, defaults.retention_item_snapshots_age, defaults.retention_state_events_age, defaults.retention_interval, defaults.retention_duty) == ("on", 3600.0, 604800.0, 60.0, 0.25)
     for flag, raw, message in (
         ("retention_item_snapshots_age", "31d", "--retention-item-snapshots-age='31d' is out of range; use a duration from 0s to 30d"),
         ("retention_interval", "0", "--retention-interval='0' is out of range; use a duration from 1s to 1d"),
         ("retention_state_events_age", "soon", "--retention-state-events-age='soon' is not a duration"),
         ("retention_state_events_age", "nan", "out of range"),
         ("retention", "maybe", "--retention='maybe' is not allowed; use one of on, off"),
+        ("retention_duty", "0", "--retention-duty='0' is out of range"),
     ):
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
             load_settings({flag: raw}, {})
