@@ -157,6 +157,17 @@ def pollers_of(args: argparse.Namespace) -> dict[str, str]:
     return {"A": kinds[0], "B": kinds[-1]}
 
 
+def snapshot_log_period(text: str) -> float:
+    """``--snapshot-log S``: 0 (off) or 1-3600 seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes seconds, not {text!r}") from None
+    if seconds != 0 and not 1 <= seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"takes 0 (off) or 1-3600 seconds, not {text}")
+    return seconds
+
+
 def scrape_intervals_of(args: argparse.Namespace) -> dict[str, float]:
     """Seconds between scrapes of GET /metrics per configuration (0: no scraper):
     ``--scrape-interval S`` for every configuration; ``S1,S2``: A with S1, B with S2."""
@@ -236,7 +247,7 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
                     slow.get(name), args.restart_every, args.restart_signal, pollers[name], provider,
-                    scrape.get(name) or None, fixtures[name],
+                    scrape.get(name) or None, fixtures[name], args.snapshot_log or None,
                 ))  # fmt: skip
     return specs
 
@@ -367,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument(
         "--keep-state", action="store_true", help="keep each run's state dir (database, logs)"
+    )
+    run.add_argument(
+        "--snapshot-log", type=snapshot_log_period, default=0, metavar="S",
+        help="every S seconds, read how many MiB of item snapshots the database's log still holds "
+        "(the driver scans the events table read-only; for retention runs, not for multi-GB --db files)",
     )
     run.add_argument(
         "--slow-clients",

@@ -43,6 +43,7 @@ STEADY_EXTRAS = (
     "daemon_rss_first_third_mib", "daemon_rss_last_third_mib",
     "db_mib_start", "db_mib_first_third", "db_mib_last_third", "db_growth_first_third_mib_min",
     "db_growth_last_third_mib_min", "db_mib_peak", "wal_mib_peak",
+    "snapshot_log_mib_first_third", "snapshot_log_mib_last_third", "snapshot_log_mib_peak",
     "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
@@ -205,6 +206,9 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     fig["daemon_rss_first_third_mib"] = percentile(rss[:third], 50) if third else None
     fig["daemon_rss_last_third_mib"] = percentile(rss[-third:], 50) if third else None
     _db_size(window_samples, fig)
+    if fig["snapshot_log_mib_peak"] is None:
+        for name in ("snapshot_log_mib_first_third", "snapshot_log_mib_last_third", "snapshot_log_mib_peak"):
+            missing[name] = "not measured: run with --snapshot-log S"
     fig["daemon_cpu_s"] = _cpu(window_samples, "daemon_cpu")
     fig["spawner_cpu_s"] = _cpu(window_samples, "spawner_cpu")
     fig["driver_cpu_s"] = _cpu(window_samples, "driver_cpu")
@@ -451,6 +455,11 @@ def _db_size(samples: Sequence[Sample], fig: dict[str, Any]) -> None:
     fig["db_growth_last_third_mib_min"] = _growth(db[-third:])
     fig["db_mib_peak"] = maximum(m for _, m in db)
     fig["wal_mib_peak"] = maximum(s.wal_mib for s in samples if s.wal_mib is not None)
+    log = [s.snapshot_log_mib for s in samples if s.snapshot_log_mib is not None]
+    third = len(log) // 3
+    fig["snapshot_log_mib_first_third"] = percentile(log[:third], 50) if third else None
+    fig["snapshot_log_mib_last_third"] = percentile(log[-third:], 50) if third else None
+    fig["snapshot_log_mib_peak"] = maximum(log)
 
 
 def _growth(points: Sequence[tuple[float, float]]) -> float | None:
@@ -498,6 +507,6 @@ def series_rows(
             "machine_busy_jiffies": s.machine_busy, "machine_total_jiffies": s.machine_total,
             "git_calls": s.git_calls, "turns_done": done.get(k, 0),
             "health_max_ms": maximum(health.get(k, [])), "loop_lag_max_ms": maximum(lag.get(k, [])),
-            "db_mib": s.db_mib, "wal_mib": s.wal_mib,
+            "db_mib": s.db_mib, "wal_mib": s.wal_mib, "snapshot_log_mib": s.snapshot_log_mib,
         })  # fmt: skip
     return rows

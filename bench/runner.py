@@ -64,6 +64,7 @@ class RunSpec:
     provider: str = "claude"  # the sessions' agents: claude, codex or mix (bench.profiles)
     scrape_interval: float | None = None  # seconds between GET /metrics (bench/scraper.py); None: no scraper
     fixture: str | None = None  # the Claude sessions' fixture (--fixtures); None: the profile's
+    snapshot_log_s: float | None = None  # seconds between readings of the snapshot log (--snapshot-log)
 
     @property
     def claude_fixture(self) -> str:
@@ -181,6 +182,7 @@ async def run_once(spec: RunSpec) -> RunResult:
                 state.spawner_socket,
                 str(state.git_log) if state.git_log else None,
                 str(state.root / "t3d.sqlite"),
+                spec.snapshot_log_s,
             )
             t0 = await _drive(spec, daemon, sampler, turn_s, load_out, probe_out, span, gate, scraped, errors, restarts)
             if restarts:

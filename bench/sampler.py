@@ -2,7 +2,8 @@
 driver's own processes, read from /proc (see ``bench.procfs``).
 
 One `Sample` per period (1 s by default, 100 ms for a burst), with the size of the
-daemon's database file and its WAL (retention should make it level off). The spawner is looked up by
+daemon's database file and its WAL (retention should make it level off), and with
+``snapshot_log_s`` the item snapshots still in its log. The spawner is looked up by
 its socket path until found (it may start after the daemon, or restart); when it is never
 found it is reported absent, not as 0. Every provider process seen is remembered (pid and
 start time) so the coordinator can check that none outlives the daemon, and so is every
@@ -12,7 +13,9 @@ one that lives less than a sample period can be missed).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import time
 
 import attrs
@@ -40,6 +43,9 @@ class Sample:
     # The database file and its WAL, in MiB (None before the daemon created them).
     db_mib: float | None = None
     wal_mib: float | None = None
+    # The item snapshots still holding a payload in the log (not compacted), in MiB, read
+    # every ``snapshot_log_s`` (None between readings, and without --snapshot-log).
+    snapshot_log_mib: float | None = None
 
 
 @attrs.define
@@ -48,6 +54,7 @@ class Sampler:
     spawner_socket: str
     git_log: str | None
     db_path: str | None = None
+    snapshot_log_s: float | None = None
     driver_pids: list[int] = attrs.field(factory=list)
     samples: list[Sample] = attrs.field(factory=list)
     spawner: procfs.ProcessId | None = None
@@ -55,6 +62,7 @@ class Sampler:
     providers_seen: set[procfs.ProcessId] = attrs.field(factory=set)
     # Processes the daemon itself started (its direct children), the spawner aside.
     daemon_children_seen: set[procfs.ProcessId] = attrs.field(factory=set)
+    _next_snapshot_log: float = 0.0
 
     def sample_once(self) -> Sample:
         if self.spawner is None or not self.spawner.alive():
@@ -81,8 +89,13 @@ class Sampler:
                 self.daemon_children_seen.add(ident)
         driver = [procfs.cpu_s(p) for p in [os.getpid(), *self.driver_pids]]
         busy, total = procfs.machine_cpu()
+        now = time.monotonic()
+        snapshot_log = None
+        if self.snapshot_log_s and self.db_path and now >= self._next_snapshot_log:
+            self._next_snapshot_log = now + self.snapshot_log_s
+            snapshot_log = _snapshot_log_mib(self.db_path)
         sample = Sample(
-            t=time.monotonic(),
+            t=now,
             daemon_rss=procfs.rss_mib(self.daemon_pid),
             daemon_pss=procfs.pss_mib(self.daemon_pid),
             daemon_cpu=procfs.cpu_s(self.daemon_pid),
@@ -98,6 +111,7 @@ class Sampler:
             git_calls=_git_calls(self.git_log),
             db_mib=_file_mib(self.db_path),
             wal_mib=_file_mib(f"{self.db_path}-wal" if self.db_path else None),
+            snapshot_log_mib=snapshot_log,
         )
         self.samples.append(sample)
         return sample
@@ -116,6 +130,21 @@ def _file_mib(path: str | None) -> float | None:
         return round(os.stat(path).st_size / 2**20, 2)
     except FileNotFoundError:
         return None
+
+
+def _snapshot_log_mib(path: str) -> float | None:
+    """The payload bytes of the item snapshots in the log (``item.updated`` events not
+    compacted), in MiB: what retention deletes once superseded and old enough. Read from
+    the database file read-only, in the driver (one scan of the events table; `length`
+    of a blob reads no overflow pages)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            (total,) = db.execute(
+                "SELECT total(length(payload)) FROM events WHERE kind = 'item.updated' AND length(payload) > 0"
+            ).fetchone()
+    except sqlite3.Error:
+        return None  # not created yet, or busy past the timeout: no reading this time
+    return round(float(total) / 2**20, 2)
 
 
 def _git_calls(log: str | None) -> int | None:

@@ -299,11 +299,13 @@ async def test_the_fake_cli_replays_the_burst_fixture_through_the_daemon(
 @pytest.mark.parametrize("provider", ["claude", "mix"])
 async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path: Path, provider: str) -> None:
     """A smoke run (with the fake claude, or half the sessions on the fake codex) is valid,
-    measures or explains every figure, writes its files and leaves nothing running."""
+    measures or explains every figure, writes its files and leaves nothing running. The
+    claude run also reads the snapshot log (--snapshot-log): item snapshots are in it."""
     out = tmp_path / "out"
+    probe = ["--snapshot-log", "1"] if provider == "claude" else []
     with trio.fail_after(90):
         done = await trio.run_process(
-            [sys.executable, "-m", "bench", "run", "--profile", "smoke", "--provider", provider, "--out", str(out)],
+            [sys.executable, "-m", "bench", "run", "--profile", "smoke", "--provider", provider, "--out", str(out), *probe],
             cwd=REPO, capture_stdout=True, capture_stderr=True, check=False,
         )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()[-2000:]
@@ -324,10 +326,12 @@ async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path:
     label = run["label"]
     series = (out / f"{label}.csv").read_text().splitlines()
     assert series[0].startswith("t_s,daemon_rss_mib") and len(series) > 10
-    assert series[0].endswith(",db_mib,wal_mib")  # the database file and its WAL over time
-    assert sum(float(v or 0) for v in series[-1].split(",")[-2:]) > 0
+    # The database file and its WAL over time, and the snapshot log when read.
+    assert series[0].endswith(",db_mib,wal_mib,snapshot_log_mib")
+    assert sum(float(v or 0) for v in series[-1].split(",")[-3:-1]) > 0
     assert run["figures"]["db_mib_peak"] >= run["figures"]["db_mib_start"] >= 0
     assert run["figures"]["wal_mib_peak"] > 0
+    assert (run["figures"]["snapshot_log_mib_peak"] or 0) > 0 if probe else run["missing"]["snapshot_log_mib_peak"]
     assert len((out / f"{label}.turns.csv").read_text().splitlines()) > 1
     text = (out / "report.md").read_text()
     assert "turns ÷ limit" in text and label in text
