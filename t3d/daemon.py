@@ -194,7 +194,8 @@ async def _run_daemon(
                 store.on_commit(admission.on_commit)
                 observer = Observer(
                     Sources(store, monitor, admission, sessions, hub, spawner, pressure, transport, gc_pauses,
-                            websockets=lambda: app.live_statistics(), checkpoints=checkpoints.statistics),
+                            websockets=lambda: app.live_statistics(), checkpoints=checkpoints.statistics,
+                            retention=pruner.statistics),
                     tally,
                 )  # fmt: skip
 

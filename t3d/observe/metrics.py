@@ -91,6 +91,7 @@ class Sources:
     # What the open WebSocket connections hold (ApiApp.live_statistics); set once the app exists.
     websockets: Callable[[], dict[str, int]] = lambda: {}
     checkpoints: Callable[[], dict[str, Any]] = lambda: {}
+    retention: Callable[[], dict[str, Any]] = lambda: {}  # Pruner.statistics
 
 
 class SpawnerWatch:
@@ -357,6 +358,13 @@ class Observer:
             yield x.counter("t3d_checkpoints_captured_total", "checkpoints captured", checkpoints.get("captured", 0))
             yield x.counter("t3d_checkpoints_failed_total", "checkpoint captures that failed", checkpoints.get("failed", 0))
             yield x.gauge("t3d_checkpoints_pending", "checkpoint captures waiting or running", checkpoints.get("pending", 0))
+        retention = s.retention()
+        if retention:
+            yield x.gauge("t3d_retention_running", "1 while a retention pass runs", int(bool(retention["running"])))
+            yield x.counter("t3d_retention_passes_total", "retention passes finished", retention["passes"])
+            yield x.counter("t3d_retention_steps_total", "retention steps run (each one short writer transaction)", retention["steps"])
+            yield x.counter("t3d_retention_events_deleted_total", "superseded events (and deleted threads' events) retention deleted", retention["deleted"])
+            yield x.counter("t3d_retention_events_compacted_total", "events retention compacted (payload dropped: the row holds it)", retention["compacted"])
 
     def _gc(self, s: Sources) -> Iterator[x.Family]:
         pauses = s.gc_pauses

@@ -75,6 +75,10 @@ class Pruner:
         self._woken = trio.Event()
         self.passes = 0
         self.last: PassReport | None = None
+        # Over the daemon's life, dry runs aside: steps run, events deleted and compacted.
+        self.steps = 0
+        self.deleted = 0
+        self.compacted = 0
 
     def on_commit(self, committed: Committed) -> None:
         """A store listener: a deleted thread wakes the pruner (its events are to go)."""
@@ -82,11 +86,15 @@ class Pruner:
             self._woken.set()
 
     def statistics(self) -> dict[str, Any]:
-        """For /api/health: passes so far and what the last one deleted."""
+        """For /api/health and /metrics: passes so far, whether one runs, the steps run and
+        the events deleted and compacted since start, and what the last pass did."""
         last = self.last
         return {
             "passes": self.passes,
             "running": self._lock.locked(),
+            "steps": self.steps,
+            "deleted": self.deleted,
+            "compacted": self.compacted,
             "last_pass": None
             if last is None
             else {
@@ -127,9 +135,12 @@ class Pruner:
                 if progress is not None:
                     progress(plan)
                 if not dry_run:
+                    self.steps += 1
+                    self.deleted += result.rows
+                    self.compacted += result.compacted
                     await trio.sleep(pause_after(result.elapsed_s, policy))
             plan.done = plan.total
-            self.passes += 1
+            self.passes += not dry_run
             report = PassReport(
                 dry_run,
                 time.monotonic() - started,
