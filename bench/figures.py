@@ -44,6 +44,7 @@ STEADY_EXTRAS = (
     "db_mib_start", "db_mib_first_third", "db_mib_last_third", "db_growth_first_third_mib_min",
     "db_growth_last_third_mib_min", "db_mib_peak", "wal_mib_peak",
     "snapshot_log_mib_first_third", "snapshot_log_mib_last_third", "snapshot_log_mib_peak",
+    "retention_steps", "retention_deleted", "retention_compacted", "retention_running_at_end",
     "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
@@ -247,6 +248,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     )
     _approvals(polls, fig, missing)
     _approvals_from_commit(i.metrics_span, fig, missing)
+    _retention(i.metrics_span, fig, missing)
     fig["snapshot_polls"], fig["snapshot_p50_ms"] = (
         snap["polls"],
         percentile(snap["snapshot_ms"], 50),
@@ -345,6 +347,35 @@ def _approvals_from_commit(span: tuple[str, str] | None, fig: dict[str, Any], mi
                 missing[f"{prefix}_p{q}_ms"] = "no runtime request in the window"
         if prefix == "approval_reply":
             fig["approval_replies"] = deltas[-1][1] if deltas else 0
+
+
+RETENTION_COUNTERS = {
+    "retention_steps": "t3d_retention_steps_total",
+    "retention_deleted": "t3d_retention_events_deleted_total",
+    "retention_compacted": "t3d_retention_events_compacted_total",
+}
+
+
+def _retention(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str]) -> None:
+    """What retention did in the window (its /metrics counters' deltas): steps run, events
+    deleted and compacted; and whether a pass ran at the window's end."""
+    for name, counter in RETENTION_COUNTERS.items():
+        start, end = (None, None) if span is None else (counter_value(span[0], counter), counter_value(span[1], counter))
+        fig[name] = None if start is None or end is None else end - start
+        if fig[name] is None:
+            missing[name] = f"GET /metrics had no {counter} at both edges of the window"
+    fig["retention_running_at_end"] = None if span is None else counter_value(span[1], "t3d_retention_running")
+    if fig["retention_running_at_end"] is None:
+        missing["retention_running_at_end"] = "GET /metrics had no t3d_retention_running at the window's end"
+
+
+def counter_value(text: str, name: str) -> float | None:
+    """The value of an unlabelled sample ``name`` in a Prometheus text body, or None."""
+    lead = name + " "
+    for line in text.splitlines():
+        if line.startswith(lead):
+            return float(line[len(lead):])
+    return None
 
 
 def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
