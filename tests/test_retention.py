@@ -314,12 +314,28 @@ def test_a_window_span_follows_the_step_time_within_bounds() -> None:
     assert pause_after(0.01, policy) == pytest.approx(0.03)
 
 
+def test_vacuum_steps_shrink_when_moving_pages_is_slow_and_grow_back() -> None:
+    """A vacuum step that took 14x the target (a 256-page step on the 4 M-event database
+    took ~140 ms) is followed by ones a quarter the size until steps take about the target,
+    never under the policy's floor; fast steps double it again, up to the ceiling."""
+    policy = Policy(target_step_s=0.01, vacuum_pages=256, min_vacuum_pages=8, max_vacuum_pages=1024, vacuum_slack_pages=0)
+    plan = Pass(Survey(0.0, {ITEM: 0, STATE: 0}, {ITEM: 0, STATE: 0}, (), True, 100_000), policy, outbox_done=True)
+    sizes, free = [], 100_000
+    for elapsed in (0.14, 0.14, 0.14, 0.14, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001, 0.001):
+        step = plan.next_step()
+        assert isinstance(step, Vacuum)
+        sizes.append(step.pages)
+        free -= step.pages
+        plan.finished(step, StepResult(free_pages=free, elapsed_s=elapsed))
+    assert sizes == [256, 64, 16, 8, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
 def test_a_pass_purges_then_windows_then_outbox_vacuum_and_checkpoint() -> None:
     """Deleted threads first, then each class's windows up to its cutoff, the outbox until a
     step deletes nothing, vacuum while pages beyond the slack are free, one checkpoint. A dry
     run plans the same windows and the outbox count, nothing after."""
     survey_ = Survey(1000.0, {ITEM: 0, STATE: 5}, {ITEM: 25, STATE: 5}, (("t", 40, 3),), True, 300)
-    policy = Policy(first_span=10, target_step_s=0.01, min_span=10, max_span=10, purge_rows=2, vacuum_pages=50, vacuum_slack_pages=100)
+    policy = Policy(first_span=10, target_step_s=0.01, min_span=10, max_span=10, purge_rows=2, vacuum_pages=50, max_vacuum_pages=50, vacuum_slack_pages=100)
     plan = Pass(survey_, policy)
     seen = []
     results = {
