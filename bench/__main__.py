@@ -247,7 +247,7 @@ def plan_runs(args: argparse.Namespace, profile: Profile, out: Path) -> list[Run
                     args.warmup if args.warmup is not None else profile.warmup_s,
                     out, Path(args.db) if args.db else None, daemon_cpus, driver_cpus, args.keep_state,
                     slow.get(name), args.restart_every, args.restart_signal, pollers[name], provider,
-                    scrape.get(name) or None, fixtures[name], args.snapshot_log or None,
+                    scrape.get(name) or None, fixtures[name], getattr(args, "snapshot_log", 0) or None,
                 ))  # fmt: skip
     return specs
 
