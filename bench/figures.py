@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from bench.metrics_text import bucket_deltas, bucket_quantile, counter_value, histogram_buckets
 from bench.profiles import Profile, physical_limit
 from bench.sampler import Sample
 from bench.stats import maximum, percentile, ratio
@@ -359,65 +360,15 @@ RETENTION_COUNTERS = {
 def _retention(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str]) -> None:
     """What retention did in the window (its /metrics counters' deltas): steps run, events
     deleted and compacted; and whether a pass ran at the window's end."""
+    start, end = span or ("", "")
     for name, counter in RETENTION_COUNTERS.items():
-        start, end = (None, None) if span is None else (counter_value(span[0], counter), counter_value(span[1], counter))
-        fig[name] = None if start is None or end is None else end - start
+        before, after = counter_value(start, counter), counter_value(end, counter)
+        fig[name] = None if before is None or after is None else after - before
         if fig[name] is None:
             missing[name] = f"GET /metrics had no {counter} at both edges of the window"
-    fig["retention_running_at_end"] = None if span is None else counter_value(span[1], "t3d_retention_running")
+    fig["retention_running_at_end"] = counter_value(end, "t3d_retention_running")
     if fig["retention_running_at_end"] is None:
         missing["retention_running_at_end"] = "GET /metrics had no t3d_retention_running at the window's end"
-
-
-def counter_value(text: str, name: str) -> float | None:
-    """The value of an unlabelled sample ``name`` in a Prometheus text body, or None."""
-    lead = name + " "
-    for line in text.splitlines():
-        if line.startswith(lead):
-            return float(line[len(lead):])
-    return None
-
-
-def histogram_buckets(text: str, name: str) -> list[tuple[float, float]]:
-    """A Prometheus text body's histogram ``name`` as (le, cumulative count), every label
-    set (but ``le``) summed, by ascending ``le`` (+Inf last); [] if it is absent."""
-    lead = name + "_bucket{"
-    sums: dict[float, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(lead):
-            continue
-        labels, _, value = line[len(lead):].rpartition("} ")
-        le = next((part[4:-1] for part in labels.split(",") if part.startswith('le="')), None)
-        if le is None:
-            continue
-        bound = float("inf") if le == "+Inf" else float(le)
-        sums[bound] = sums.get(bound, 0.0) + float(value)
-    return sorted(sums.items())
-
-
-def bucket_deltas(start: list[tuple[float, float]], end: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``end`` minus ``start`` per bucket (a bucket absent at the start counts 0 there)."""
-    before = dict(start)
-    return [(le, count - before.get(le, 0.0)) for le, count in end]
-
-
-def bucket_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
-    """The ``q`` quantile of cumulative buckets, interpolated linearly inside its bucket
-    (as Prometheus' histogram_quantile); in the +Inf bucket, the highest finite bound.
-    None with no observation."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lower, below = 0.0, 0.0
-    for le, count in buckets:
-        if count >= rank:
-            if le == float("inf"):
-                return lower
-            if count == below:
-                return le
-            return lower + (le - lower) * (rank - below) / (count - below)
-        lower, below = le, count
-    return lower
 
 
 def _switches_and_slow_clients(load: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:

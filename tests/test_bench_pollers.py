@@ -15,7 +15,7 @@ import pytest
 import trio
 from harness import new_thread, open_client, run_turn, start_daemon, wait_until
 
-from bench import figures
+from bench import figures, metrics_text
 from bench.__main__ import configurations, described_configurations, pollers_of
 from bench.actors import Errors, PollerStats, Window, run_mcp_poller, run_poller
 from bench.client import HttpClient
@@ -107,14 +107,14 @@ def test_approval_figures_from_the_commit_come_from_the_histograms_window_deltas
     start = METRICS % (10, 10, 10, 10, 5, 5, 5, 5)
     # In the window: mcp 20 in (0, 10 ms], 60 in (10, 50 ms], 20 above; rpc 0.
     end = METRICS % (30, 90, 110, 110, 5, 5, 5, 5)
-    assert figures.histogram_buckets(start, "t3d_request_wait_reply_seconds") == [(0.01, 15.0), (0.05, 15.0), (float("inf"), 15.0)]
-    deltas = figures.bucket_deltas(figures.histogram_buckets(start, "t3d_request_wait_reply_seconds"), figures.histogram_buckets(end, "t3d_request_wait_reply_seconds"))
+    assert metrics_text.histogram_buckets(start, "t3d_request_wait_reply_seconds") == [(0.01, 15.0), (0.05, 15.0), (float("inf"), 15.0)]
+    deltas = metrics_text.bucket_deltas(metrics_text.histogram_buckets(start, "t3d_request_wait_reply_seconds"), metrics_text.histogram_buckets(end, "t3d_request_wait_reply_seconds"))
     assert deltas == [(0.01, 20.0), (0.05, 80.0), (float("inf"), 100.0)]
-    assert figures.bucket_quantile(deltas, 0.1) == pytest.approx(0.005)
-    assert figures.bucket_quantile(deltas, 0.5) == pytest.approx(0.01 + 0.04 * 30 / 60)
-    assert figures.bucket_quantile(deltas, 0.95) == 0.05
-    assert figures.bucket_quantile([(0.01, 0.0), (float("inf"), 0.0)], 0.5) is None
-    assert figures.histogram_buckets(start, "t3d_absent") == []
+    assert metrics_text.bucket_quantile(deltas, 0.1) == pytest.approx(0.005)
+    assert metrics_text.bucket_quantile(deltas, 0.5) == pytest.approx(0.01 + 0.04 * 30 / 60)
+    assert metrics_text.bucket_quantile(deltas, 0.95) == 0.05
+    assert metrics_text.bucket_quantile([(0.01, 0.0), (float("inf"), 0.0)], 0.5) is None
+    assert metrics_text.histogram_buckets(start, "t3d_absent") == []
     fig: dict[str, object] = {}
     missing: dict[str, str] = {}
     figures._approvals_from_commit((start, end), fig, missing)

@@ -18,7 +18,7 @@ import orjson
 import trio
 from harness import TERMINAL, new_thread, open_client, run_turn, start_daemon, wait_until
 from live_support import merge_chunks, notes_until, thread_events, write_flood_fixture
-from metrics_support import get_raw, parse, value
+from metrics_support import scrape, value
 from served import base_env, query, serve
 from test_retention import folded, projections
 
@@ -288,7 +288,7 @@ async def test_ctl_db_commands_report_and_act_through_the_daemon(tmp_path: Path)
             code, out, _ = await _ctl(served, "stats", "--json")
             assert code == 0 and orjson.loads(out)["retention"]["compacted"] == done["compacted"]["item snapshots"]
             # /metrics counts the pass's steps and what it deleted and compacted.
-            families = parse((await get_raw(served.port, "/metrics", token=served.token))[2])
+            families = await scrape(served.port, served.token)
             assert value(families, "t3d_retention_passes", "t3d_retention_passes_total") == 1
             assert value(families, "t3d_retention_steps", "t3d_retention_steps_total") == done["steps"] > 0
             assert value(families, "t3d_retention_events_deleted", "t3d_retention_events_deleted_total") == sum(done["rows"].values()) > 0
