@@ -37,6 +37,8 @@ EXPECTED = {
     "t3d_writer_job_seconds": "histogram",
     "t3d_writer_transactions": "counter",
     "t3d_writer_batch_jobs": "histogram",
+    "t3d_wal_checkpoints": "counter",
+    "t3d_wal_checkpoints_on_writer": "counter",
     "t3d_events_committed": "counter",
     "t3d_turns_started": "counter",
     "t3d_turns_finished": "counter",

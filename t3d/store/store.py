@@ -33,6 +33,7 @@ from t3d.domain import events as ev
 from t3d.domain.codec import converter
 from t3d.errors import DatabaseUnavailableError
 from t3d.store import queries as q
+from t3d.store.checkpointer import Checkpointer
 from t3d.store.commit import (
     Committed,
     Write,
@@ -90,6 +91,12 @@ class StoreStatistics:
     unavailable_s: float = 0.0
     writes_held: int = 0
     writes_failed_unavailable: int = 0
+    # The WAL checkpoints (checkpointer.py): on its thread, their seconds, those that
+    # failed, and those the backstop ran on the writer.
+    wal_checkpoints: int = 0
+    wal_checkpoint_s: float = 0.0
+    wal_checkpoint_failures: int = 0
+    wal_checkpoints_on_writer: int = 0
 
 
 T = TypeVar("T")
@@ -107,6 +114,13 @@ def _connect_writer(path: str, synchronous: str, busy_timeout_ms: int = BUSY_TIM
     conn.execute(f"PRAGMA synchronous={synchronous}")
     migrate(conn)
     convert_small_database(conn)
+    return conn
+
+
+def _connect_checkpointer(path: str, synchronous: str) -> apsw.Connection:
+    """The checkpointer's connection (checkpointer.py): the writer's has migrated the file."""
+    conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE)
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn
 
 
@@ -144,8 +158,10 @@ class Store:
         *,
         batching: bool = True,
         cache: EntityCache | None = None,
+        checkpointer: Checkpointer | None = None,
     ) -> None:
         self.path = path
+        self._checkpointer = checkpointer
         self._batching = batching
         self._writer = writer
         self._readers = readers
@@ -315,7 +331,19 @@ class Store:
             unavailable_s=0.0 if writer.unavailable is None else trio.current_time() - writer.unavailable_since,
             writes_held=writer.held_jobs,
             writes_failed_unavailable=writer.unavailable_failures,
+            **self._checkpoint_statistics(),
         )
+
+    def _checkpoint_statistics(self) -> dict[str, Any]:
+        c = self._checkpointer
+        if c is None:
+            return {}
+        return {
+            "wal_checkpoints": c.checkpoints,
+            "wal_checkpoint_s": c.seconds,
+            "wal_checkpoint_failures": c.failures,
+            "wal_checkpoints_on_writer": c.on_writer,
+        }
 
 
 @asynccontextmanager
@@ -339,8 +367,9 @@ async def open_store(
     raises its `DatabaseUnavailableError` (the daemon exits 1 naming the cause)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     cache = EntityCache()
+    checkpointer = Checkpointer(lambda: _connect_checkpointer(os.fspath(path), synchronous))
     writer = WriterThread(
-        lambda: _connect_writer(os.fspath(path), synchronous, busy_timeout_ms),
+        lambda: checkpointer.install(_connect_writer(os.fspath(path), synchronous, busy_timeout_ms)),
         capacity=WRITER_QUEUE,
         on_lost=on_writer_lost,
         execute_batch=functools.partial(execute_batch, cache=cache),
@@ -350,12 +379,14 @@ async def open_store(
         busy_timeout_ms=busy_timeout_ms,
     )
     await writer.start()
+    checkpointer.start()
     pool = ReaderPool(os.fspath(path), readers)
-    store = Store(path, writer, pool, clock, batching=batching, cache=cache)
+    store = Store(path, writer, pool, clock, batching=batching, cache=cache, checkpointer=checkpointer)
     try:
         if recover:
             await store.recover_after_restart()
         yield store
     finally:
+        await checkpointer.stop()  # first: the writer's connection closes last, checkpointing the rest
         await writer.close()
         pool.close()
