@@ -46,6 +46,7 @@ STEADY_EXTRAS = (
     "db_growth_last_third_mib_min", "db_mib_peak", "wal_mib_peak",
     "snapshot_log_mib_first_third", "snapshot_log_mib_last_third", "snapshot_log_mib_peak",
     "retention_steps", "retention_deleted", "retention_compacted", "retention_running_at_end",
+    "writer_job_p50_ms", "writer_job_p95_ms", "writer_job_p99_ms", "wal_checkpoints", "wal_checkpoints_on_writer",
     "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
@@ -250,6 +251,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     _approvals(polls, fig, missing)
     _approvals_from_commit(i.metrics_span, fig, missing)
     _retention(i.metrics_span, fig, missing)
+    _writer(i.metrics_span, fig, missing)
     fig["snapshot_polls"], fig["snapshot_p50_ms"] = (
         snap["polls"],
         percentile(snap["snapshot_ms"], 50),
@@ -321,33 +323,52 @@ def _approvals(polls: dict[str, Any], fig: dict[str, Any], missing: dict[str, st
 
 COMMIT_HISTOGRAM = "t3d_request_commit_seconds"
 REPLY_HISTOGRAM = "t3d_request_wait_reply_seconds"
+WRITER_JOB_HISTOGRAM = "t3d_writer_job_seconds"
+NO_EDGES = "GET /metrics could not be read at both edges of the window"
+
+
+def _histogram_ms(
+    span: tuple[str, str] | None, histogram: str, prefix: str, quantiles: tuple[int, ...],
+    fig: dict[str, Any], missing: dict[str, str], empty: str,
+) -> list[tuple[float, float]]:
+    """``{prefix}_p{q}_ms`` for each quantile of a /metrics histogram over the window (its
+    bucket deltas; ``empty`` says why when it saw nothing); returns the deltas."""
+    names = [f"{prefix}_p{q}_ms" for q in quantiles]
+    end = histogram_buckets(span[1], histogram) if span else []
+    if not end:
+        for name in names:
+            fig[name] = None
+            missing[name] = NO_EDGES if span is None else f"this daemon's /metrics has no {histogram}"
+        return []
+    deltas = bucket_deltas(histogram_buckets(span[0], histogram), end) if span else []
+    for q, name in zip(quantiles, names, strict=True):
+        value = bucket_quantile(deltas, q / 100)
+        fig[name] = None if value is None else value * 1000
+        if value is None:
+            missing[name] = empty
+    return deltas
+
+
+def _counter_deltas(span: tuple[str, str] | None, counters: dict[str, str], fig: dict[str, Any], missing: dict[str, str]) -> None:
+    """Each figure of ``counters`` (figure -> /metrics counter): its growth over the window."""
+    start, end = span or ("", "")
+    for name, counter in counters.items():
+        before, after = counter_value(start, counter), counter_value(end, counter)
+        fig[name] = None if before is None or after is None else after - before
+        if fig[name] is None:
+            missing[name] = f"GET /metrics had no {counter} at both edges of the window"
 
 
 def _approvals_from_commit(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str]) -> None:
     """Approval latency as the daemon measured it over the window (its /metrics histograms'
     bucket deltas): a request's created_at to its commit applied, and its commit to each
     long-poll reply that carries it built for the transport (every bot woken, every transport)."""
-    names = ("approval_commit_p50_ms", "approval_commit_p95_ms", "approval_reply_p50_ms", "approval_reply_p95_ms", "approval_replies")
+    empty = "no runtime request in the window"
+    _histogram_ms(span, COMMIT_HISTOGRAM, "approval_commit", (50, 95), fig, missing, empty)
+    replies = _histogram_ms(span, REPLY_HISTOGRAM, "approval_reply", (50, 95), fig, missing, empty)
+    fig["approval_replies"] = replies[-1][1] if replies else (0 if span else None)
     if span is None:
-        for name in names:
-            fig[name] = None
-            missing[name] = "GET /metrics could not be read at both edges of the window"
-        return
-    for prefix, histogram in (("approval_commit", COMMIT_HISTOGRAM), ("approval_reply", REPLY_HISTOGRAM)):
-        start, end = histogram_buckets(span[0], histogram), histogram_buckets(span[1], histogram)
-        if not end:
-            for q in (50, 95):
-                fig[f"{prefix}_p{q}_ms"] = None
-                missing[f"{prefix}_p{q}_ms"] = f"this daemon's /metrics has no {histogram}"
-            continue
-        deltas = bucket_deltas(start, end)
-        for q in (50, 95):
-            value = bucket_quantile(deltas, q / 100)
-            fig[f"{prefix}_p{q}_ms"] = None if value is None else value * 1000
-            if value is None:
-                missing[f"{prefix}_p{q}_ms"] = "no runtime request in the window"
-        if prefix == "approval_reply":
-            fig["approval_replies"] = deltas[-1][1] if deltas else 0
+        missing["approval_replies"] = NO_EDGES
 
 
 RETENTION_COUNTERS = {
@@ -355,20 +376,27 @@ RETENTION_COUNTERS = {
     "retention_deleted": "t3d_retention_events_deleted_total",
     "retention_compacted": "t3d_retention_events_compacted_total",
 }
+WAL_COUNTERS = {
+    "wal_checkpoints": "t3d_wal_checkpoints_total",
+    "wal_checkpoints_on_writer": "t3d_wal_checkpoints_on_writer_total",
+}
 
 
 def _retention(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str]) -> None:
     """What retention did in the window (its /metrics counters' deltas): steps run, events
     deleted and compacted; and whether a pass ran at the window's end."""
-    start, end = span or ("", "")
-    for name, counter in RETENTION_COUNTERS.items():
-        before, after = counter_value(start, counter), counter_value(end, counter)
-        fig[name] = None if before is None or after is None else after - before
-        if fig[name] is None:
-            missing[name] = f"GET /metrics had no {counter} at both edges of the window"
-    fig["retention_running_at_end"] = counter_value(end, "t3d_retention_running")
+    _counter_deltas(span, RETENTION_COUNTERS, fig, missing)
+    fig["retention_running_at_end"] = counter_value((span or ("", ""))[1], "t3d_retention_running")
     if fig["retention_running_at_end"] is None:
         missing["retention_running_at_end"] = "GET /metrics had no t3d_retention_running at the window's end"
+
+
+def _writer(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str]) -> None:
+    """The writer's commit latency over the window (a job's submission to its outcome, every
+    job: commands, provider batches, retention steps) and the WAL checkpoints: on their
+    thread, and those a commit ran on the writer."""
+    _histogram_ms(span, WRITER_JOB_HISTOGRAM, "writer_job", (50, 95, 99), fig, missing, "no writer job in the window")
+    _counter_deltas(span, WAL_COUNTERS, fig, missing)
 
 
 def _switches_and_slow_clients(load: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:

@@ -72,8 +72,9 @@ class Policy:
     # time); None: that class is never pruned by age.
     item_age_s: float | None = 3600.0
     state_age_s: float | None = 7 * 86400.0
-    # 3 ms: at 10, one command in four at PRIMARY 100 waited behind a step (dispatch p95
-    # 20-30 ms against 14 without pruning); 3 ms steps move as many events per writer-second.
+    # 3 ms: a command that arrives during a step waits for it. At 10 ms, pruning under
+    # PRIMARY 100 had dispatch p95 at 20-30 ms against 14 without; at 3 ms it is within the
+    # noise, and the pass deletes ~40 % fewer events a minute under that load (docs/benchmarks.md).
     target_step_s: float = 0.003
     first_span: int = 1000
     min_span: int = 64
