@@ -64,7 +64,8 @@ class Checkpointer:
         # the pages at which the next wake is due.
         self._seen = 0
         self._due = pages
-        # Set by the thread: the WAL's frames its last checkpoint copied (0: none to finish).
+        # Set by the thread: the WAL's frames in the database after its last checkpoint
+        # (0: nothing for a commit to finish).
         self._backfilled = 0
         # Counts (read from the loop for /metrics; each written by one thread).
         self.checkpoints = 0
@@ -128,7 +129,7 @@ class Checkpointer:
 
     def _main(self) -> None:
         conn: apsw.Connection | None = None
-        last = 0  # the frames the last checkpoint copied
+        last = 0  # the WAL's frames in the database after the last checkpoint
         try:
             while True:
                 self._wake.wait()
@@ -139,12 +140,12 @@ class Checkpointer:
                     if conn is None:
                         conn = self._connect()
                     started = time.perf_counter()
-                    _, copied = conn.wal_checkpoint("main", apsw.SQLITE_CHECKPOINT_PASSIVE)
+                    _, backfilled = conn.wal_checkpoint("main", apsw.SQLITE_CHECKPOINT_PASSIVE)
                     self.seconds += time.perf_counter() - started
                     self.checkpoints += 1
                     # Chased only while rounds make headway (a reader's snapshot stops them).
-                    self._backfilled = copied if copied != last else 0
-                    last = copied
+                    self._backfilled = backfilled if backfilled != last else 0
+                    last = backfilled
                 except apsw.BusyError:
                     pass
                 except apsw.Error as exc:
