@@ -81,6 +81,26 @@ def test_with_the_thread_not_running_a_commit_checkpoints_at_the_mark(tmp_path: 
     conn.close()
 
 
+def test_a_connection_that_cannot_checkpoint_is_counted_and_commits_keep_the_wal_bounded(tmp_path: Path) -> None:
+    """A connection that has not read the file checkpoints nothing (SQLite answers -1): each
+    round counts as failed, and the commits' backstop keeps the WAL near its bound."""
+    conn = apsw.Connection(os.fspath(tmp_path / "db"))
+    conn.execute("PRAGMA journal_mode=WAL")
+    _scratch(conn)
+    checkpointer = Checkpointer(lambda: apsw.Connection(os.fspath(tmp_path / "db")), pages=50, backstop_pages=300)
+    checkpointer.install(conn)
+    checkpointer.start()
+    try:
+        for _ in range(200):
+            _write_pages(conn, 10)  # 2,000 pages
+        assert checkpointer.failures >= 1 and checkpointer.checkpoints == 0
+        assert checkpointer.on_writer >= 1
+        assert _wal_bytes(tmp_path) < 400 * PAGE
+    finally:
+        trio.run(checkpointer.stop)
+        conn.close()
+
+
 async def test_a_reader_holding_a_snapshot_holds_the_wal_back_but_nothing_waits(tmp_path: Path) -> None:
     async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
         await store.maintain(_scratch)

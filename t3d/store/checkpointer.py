@@ -140,7 +140,9 @@ class Checkpointer:
                     if conn is None:
                         conn = self._connect()
                     started = time.perf_counter()
-                    _, backfilled = conn.wal_checkpoint("main", apsw.SQLITE_CHECKPOINT_PASSIVE)
+                    frames, backfilled = conn.wal_checkpoint("main", apsw.SQLITE_CHECKPOINT_PASSIVE)
+                    if frames < 0:  # SQLite did nothing: the connection has not read the file yet
+                        raise apsw.SQLError("the checkpointer's connection does not see the database in WAL mode")
                     self.seconds += time.perf_counter() - started
                     self.checkpoints += 1
                     # Chased only while rounds make headway (a reader's snapshot stops them).

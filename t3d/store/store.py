@@ -118,9 +118,12 @@ def _connect_writer(path: str, synchronous: str, busy_timeout_ms: int = BUSY_TIM
 
 
 def _connect_checkpointer(path: str, synchronous: str) -> apsw.Connection:
-    """The checkpointer's connection (checkpointer.py): the writer's has migrated the file."""
+    """The checkpointer's connection (checkpointer.py): the writer's has migrated the file.
+    It reads the file's header (the journal mode) at once: a connection that has not read
+    it yet takes a checkpoint for a no-op."""
     conn = apsw.Connection(path, flags=apsw.SQLITE_OPEN_READWRITE)
     conn.execute(f"PRAGMA synchronous={synchronous}")
+    conn.execute("PRAGMA journal_mode").fetchall()
     return conn
 
 
