@@ -334,13 +334,12 @@ def _histogram_ms(
     """``{prefix}_p{q}_ms`` for each quantile of a /metrics histogram over the window (its
     bucket deltas; ``empty`` says why when it saw nothing); returns the deltas."""
     names = [f"{prefix}_p{q}_ms" for q in quantiles]
-    end = histogram_buckets(span[1], histogram) if span else []
-    if not end:
+    if span is None or not (end := histogram_buckets(span[1], histogram)):
         for name in names:
             fig[name] = None
             missing[name] = NO_EDGES if span is None else f"this daemon's /metrics has no {histogram}"
         return []
-    deltas = bucket_deltas(histogram_buckets(span[0], histogram), end) if span else []
+    deltas = bucket_deltas(histogram_buckets(span[0], histogram), end)
     for q, name in zip(quantiles, names, strict=True):
         value = bucket_quantile(deltas, q / 100)
         fig[name] = None if value is None else value * 1000
