@@ -39,6 +39,7 @@ EXPECTED = {
     "t3d_writer_batch_jobs": "histogram",
     "t3d_wal_checkpoints": "counter",
     "t3d_wal_checkpoints_on_writer": "counter",
+    "t3d_wal_checkpoint_on_writer_seconds": "counter",
     "t3d_events_committed": "counter",
     "t3d_turns_started": "counter",
     "t3d_turns_finished": "counter",

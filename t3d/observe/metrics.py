@@ -256,7 +256,8 @@ class Observer:
         yield x.counter("t3d_wal_checkpoints_total", "WAL checkpoints the checkpointer thread ran (off the writer)", stats.wal_checkpoints)
         yield x.counter("t3d_wal_checkpoint_seconds_total", "the checkpointer thread's time in WAL checkpoints", stats.wal_checkpoint_s)
         yield x.counter("t3d_wal_checkpoint_failures_total", "WAL checkpoints that failed (the WAL grows until one succeeds)", stats.wal_checkpoint_failures)
-        yield x.counter("t3d_wal_checkpoints_on_writer_total", "WAL checkpoints a commit ran on the writer: the WAL reached its bound with the checkpointer behind or stopped", stats.wal_checkpoints_on_writer)
+        yield x.counter("t3d_wal_checkpoints_on_writer_total", "WAL checkpoints a commit ran on the writer: while they are quick (10 ms at most), or at the WAL's bound with the checkpointer behind or stopped", stats.wal_checkpoints_on_writer)
+        yield x.counter("t3d_wal_checkpoint_on_writer_seconds_total", "commits' time in WAL checkpoints on the writer", stats.wal_checkpoint_on_writer_s)
         yield x.histogram("t3d_request_commit_seconds", "runtime requests opened: from the request's created_at (its command handed to the writer) to its commit applied on the loop", self.request_commits)
         replies = x.histogram("t3d_request_wait_reply_seconds", "per runtime request a requests.wait reply carries: from the request's commit applied on the loop to the reply built for the transport, by transport (mcp: /mcp wait_for_request; rpc: JSON-RPC and HTTP)")
         for (via,), h in sorted(self.wait_replies.series.items()):

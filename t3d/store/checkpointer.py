@@ -7,21 +7,31 @@ next job. On a large file those pages are scattered: pruning the 4 M-event datab
 one retention step in ten took 26 to 34 ms instead of 9 because of it, and every command
 queued behind it waited as long (docs/benchmarks.md).
 
+Why not always: on a small or fresh file a checkpoint is cheap (a few ms), and the
+thread's rounds, each with its own fsyncs, plus the commit that finishes each one, cost
+the daemon more than the inline checkpoint did (PRIMARY 250 on a fresh database: dispatch
+p50 and health p99 up 1-3 ms, CPU per turn up a tenth). So the thread takes over only
+while checkpoints are slow.
+
 Rules:
 - `install` replaces the writer connection's auto-checkpoint by a WAL hook (SQLite calls
   it after each commit, on the writer thread, with the WAL's pages). Each time the WAL
-  has grown by `WAL_PAGES` since the last wake (or since it started again), the hook
-  wakes this thread, which runs a PASSIVE checkpoint on its own connection: it never
-  waits for readers or the writer, and the writer keeps appending while it runs (WAL
-  mode allows a checkpoint beside the one writer).
-- Finishing: the WAL starts again from its beginning only once every frame in it is in
-  the database, and the thread's checkpoint leaves out the frames appended while it ran.
-  So the first commit after it checkpoints those few itself (PASSIVE) if they are at most
-  `FINISH_PAGES`, and the writer's next transaction starts the WAL again; if more are
-  left, the thread goes again at once, for what was appended (each round is shorter).
+  has grown by `WAL_PAGES` since the last mark (or since it started again), a checkpoint
+  is due (PASSIVE: it never waits for readers or the writer).
+- Where it runs: while the last checkpoint took at most `SLOW_S`, the commit at the mark
+  runs it itself, as SQLite's auto-checkpoint would. Once one takes longer, the hook wakes
+  this thread instead, which checkpoints on its own connection while the writer keeps
+  appending (WAL mode allows a checkpoint beside the one writer); when the thread's
+  rounds are quick again, the commits take the checkpoints back. The first is inline.
+- Finishing (thread rounds): the WAL starts again from its beginning only once every
+  frame in it is in the database, and the thread's checkpoint leaves out the frames
+  appended while it ran. So the first commit after it checkpoints those few itself
+  (PASSIVE) if they are at most `FINISH_PAGES`, and the writer's next transaction starts
+  the WAL again; if more are left, the thread goes again at once, for what was appended
+  (each round is shorter).
 - The bound: should the WAL reach `BACKSTOP_PAGES` (the thread slower than the writes,
   or not running: before `start`, after `stop`, or when its connection cannot be
-  opened), each commit checkpoints on the writer, as SQLite's own auto-checkpoint would.
+  opened), each commit checkpoints on the writer.
   A reader holding an old snapshot holds the WAL back either way (it is never waited for).
 - A checkpoint that fails is counted and logged once per kind of error; the connection is
   opened again at the next wake. ``stop`` ends the thread and closes its connection, so the
@@ -43,6 +53,7 @@ log = logging.getLogger("t3d.store")
 WAL_PAGES = 1000  # SQLite's own auto-checkpoint mark (~4 MiB of 4 KiB pages)
 FINISH_PAGES = 64  # frames left after the thread's checkpoint that a commit copies itself
 BACKSTOP_PAGES = 10 * WAL_PAGES
+SLOW_S = 0.010  # a checkpoint longer than this moves the next ones to the thread
 
 
 class Checkpointer:
@@ -52,10 +63,12 @@ class Checkpointer:
         *,
         pages: int = WAL_PAGES,
         backstop_pages: int = BACKSTOP_PAGES,
+        slow_s: float = SLOW_S,
     ) -> None:
         self._connect = connect
         self._pages = pages
         self._backstop = backstop_pages
+        self._slow_s = slow_s
         self._wake = threading.Event()
         self._stopping = False
         self._running = False
@@ -67,12 +80,18 @@ class Checkpointer:
         # Set by the thread: the WAL's frames in the database after its last checkpoint
         # (0: nothing for a commit to finish).
         self._backfilled = 0
+        # Whether the last checkpoint at a mark (on either thread) took over `slow_s`: then
+        # the thread runs the next; and whether the thread's next round is a chase (those,
+        # and a commit's finishing ones, copy a few frames and do not count).
+        self._slow = False
+        self._chase = False
         # Counts (read from the loop for /metrics; each written by one thread).
         self.checkpoints = 0
-        self.seconds = 0.0
+        self.thread_s = 0.0  # in its checkpoints
+        self.writer_s = 0.0  # in the checkpoints commits ran
         self.failures = 0
         self.finished = 0  # checkpoints a commit ran to finish the thread's
-        self.on_writer = 0  # checkpoints the backstop ran on the writer
+        self.on_writer = 0  # checkpoints a commit ran at the mark (quick ones, or the bound)
         self._logged: type[BaseException] | None = None
 
     def install(self, conn: apsw.Connection) -> apsw.Connection:
@@ -104,18 +123,21 @@ class Checkpointer:
             self.finished += 1
         elif 0 < backfilled < pages < self._backstop and self._running:
             self._due = pages + self._pages  # too many appended meanwhile: the thread goes again
+            self._chase = True
             self._wake.set()
         elif pages >= self._backstop:
             self.on_writer += self._checkpoint_here(conn, name)
         elif pages >= self._due:
             self._due = pages + self._pages
-            if self._running:
+            if self._running and self._slow:
+                self._chase = False
                 self._wake.set()
             else:
-                self.on_writer += self._checkpoint_here(conn, name)
+                self.on_writer += self._checkpoint_here(conn, name, at_mark=True)
         return apsw.SQLITE_OK
 
-    def _checkpoint_here(self, conn: apsw.Connection, name: str) -> bool:
+    def _checkpoint_here(self, conn: apsw.Connection, name: str, *, at_mark: bool = False) -> bool:
+        started = time.perf_counter()
         try:
             conn.wal_checkpoint(name, apsw.SQLITE_CHECKPOINT_PASSIVE)
         except apsw.BusyError:  # the thread (or a maintenance checkpoint) is at it
@@ -123,6 +145,10 @@ class Checkpointer:
         except apsw.Error as exc:  # the commit stands; the next one tries again
             self._failed(exc)
             return False
+        seconds = time.perf_counter() - started
+        self.writer_s += seconds
+        if at_mark:
+            self._slow = seconds > self._slow_s
         return True
 
     # --- checkpointer thread ---------------------------------------------------
@@ -136,6 +162,7 @@ class Checkpointer:
                 self._wake.clear()
                 if self._stopping:
                     return
+                chase = self._chase
                 try:
                     if conn is None:
                         conn = self._connect()
@@ -143,8 +170,11 @@ class Checkpointer:
                     frames, backfilled = conn.wal_checkpoint("main", apsw.SQLITE_CHECKPOINT_PASSIVE)
                     if frames < 0:  # SQLite did nothing: the connection has not read the file yet
                         raise apsw.SQLError("the checkpointer's connection does not see the database in WAL mode")
-                    self.seconds += time.perf_counter() - started
+                    seconds = time.perf_counter() - started
+                    self.thread_s += seconds
                     self.checkpoints += 1
+                    if not chase:
+                        self._slow = seconds > self._slow_s
                     # Chased only while rounds make headway (a reader's snapshot stops them).
                     self._backfilled = backfilled if backfilled != last else 0
                     last = backfilled

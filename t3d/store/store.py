@@ -91,12 +91,13 @@ class StoreStatistics:
     unavailable_s: float = 0.0
     writes_held: int = 0
     writes_failed_unavailable: int = 0
-    # The WAL checkpoints (checkpointer.py): on its thread, their seconds, those that
-    # failed, and those the backstop ran on the writer.
+    # The WAL checkpoints (checkpointer.py): on its thread, those that failed, those
+    # commits ran at the mark (quick ones, or at the bound), and the seconds of each kind.
     wal_checkpoints: int = 0
     wal_checkpoint_s: float = 0.0
     wal_checkpoint_failures: int = 0
     wal_checkpoints_on_writer: int = 0
+    wal_checkpoint_on_writer_s: float = 0.0
 
 
 T = TypeVar("T")
@@ -343,9 +344,10 @@ class Store:
             return {}
         return {
             "wal_checkpoints": c.checkpoints,
-            "wal_checkpoint_s": c.seconds,
+            "wal_checkpoint_s": c.thread_s,
             "wal_checkpoint_failures": c.failures,
             "wal_checkpoints_on_writer": c.on_writer,
+            "wal_checkpoint_on_writer_s": c.writer_s,
         }
 
 
