@@ -335,7 +335,9 @@ async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path:
     assert run["figures"]["retention_steps"] is not None  # read from /metrics (0: no pass in a smoke window)
     # The writer's commit latency in the window, from its /metrics histogram: turns committed.
     assert 0 < run["figures"]["writer_job_p50_ms"] <= run["figures"]["writer_job_p99_ms"] < 10_000
-    assert run["figures"]["wal_checkpoints_on_writer"] == 0
+    # The WAL is checkpointed in the window: by commits while checkpoints are quick (the
+    # small smoke database), by the checkpointer thread while they are slow.
+    assert run["figures"]["wal_checkpoints"] + run["figures"]["wal_checkpoints_on_writer"] > 0
     assert len((out / f"{label}.turns.csv").read_text().splitlines()) > 1
     text = (out / "report.md").read_text()
     assert "turns ÷ limit" in text and label in text
