@@ -6,12 +6,13 @@ import threading
 from pathlib import Path
 
 import apsw
+import attrs
 import pytest
 import trio
 import trio.testing
 
 from t3d.domain import commands as c
-from t3d.domain.model import TurnItem
+from t3d.domain.model import Turn, TurnItem
 from t3d.errors import DomainError, StoreError, WriterClosedError
 from t3d.store.commit import Committed, Write, _apply
 from t3d.store.readers import ReaderPool
@@ -216,6 +217,30 @@ async def test_the_writers_entity_cache_never_serves_a_row_that_changed(tmp_path
 
         changed = await store.maintain(changed_behind)
         assert changed is not None and changed.text == "C"
+
+
+async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -> None:
+    """A streaming item is kept (its next update reads it back), but once it is completed
+    the cache drops it, so under many sessions finished items do not push the live ones
+    out; the settled item is still read right, from its row."""
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        await store.execute(c.CreateProject("p", "/p"))
+        await store.execute(c.CreateThread("t", "p", "replay"))
+        await store.execute(c.StartTurn("t", "u", "go"))
+        await store.record(c.MarkTurnRunning("u"))
+        await store.record(c.RecordItems("u", (_streamed("A"),)))
+        cache = store._cache  # type: ignore[attr-defined]
+        assert (TurnItem, "u:m:0") in cache._entries and (Turn, "u") in cache._entries
+        done = attrs.evolve(_streamed("AB"), status="completed")
+        await store.record(c.RecordItems("u", (done,)))
+        assert (TurnItem, "u:m:0") not in cache._entries and (Turn, "u") in cache._entries
+
+        def read(conn: apsw.Connection) -> TurnItem | None:
+            return SqlView(conn, cache).item("u:m:0")
+
+        item = await store.maintain(read)
+        assert item is not None and item.status == "completed" and item.text == "AB"
+        assert (TurnItem, "u:m:0") not in cache._entries
 
 
 def test_the_entity_cache_is_bounded() -> None:

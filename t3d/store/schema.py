@@ -24,8 +24,9 @@ WRITER_PRAGMAS = (
     "PRAGMA busy_timeout=5000",  # another process (ctl, a second daemon) may hold a lock briefly
     # SQLite's default, said out loud: after a commit leaves over 1,000 pages (~4 MiB) in
     # the WAL, that commit copies them into the database (PASSIVE: never waits on readers).
-    # The daemon's store replaces it with the checkpointer's hook (checkpointer.py), which
-    # runs the checkpoints on another thread; the commit does it only at the WAL's bound.
+    # The daemon's store replaces it with the checkpointer's hook (checkpointer.py): the
+    # commit still runs a checkpoint while they are quick, another thread while they are
+    # slow, and every commit at the WAL's bound.
     "PRAGMA wal_autocheckpoint=1000",
     "PRAGMA journal_size_limit=67108864",  # cap the WAL file left after checkpoints at 64 MiB
 )

@@ -8,7 +8,9 @@ remove a deleted thread's rows). Both run only on the writer thread.
 (a streaming item is read back by its next update, a turn by every update of
 its items): an entity is kept with the exact row body it came from, and a read
 uses it only when the row's body, read as always, is still those bytes, so a
-rollback, a retention step or any other write is never missed.
+rollback, a retention step or any other write is never missed. A settled item
+(completed, failed, answered, stopped) is not kept: the domain seldom reads one
+again, and under many sessions they would push the live entities out.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from t3d.store.schema import TERMINAL
 
 E = TypeVar("E")
 
+# Item statuses after which the item is seldom updated again (EntityCache drops it).
+SETTLED_ITEM_STATUSES = frozenset({"completed", "failed", "allowed", "denied", "stopped"})
+
 
 def _decode(kind: type[E]) -> Callable[[bytes], E]:
     def decode(body: bytes) -> E:
@@ -56,7 +61,7 @@ decode_checkpoint = _decode(Checkpoint)
 class EntityCache:
     """Decoded entities by (type, id), each with the row body it came from. Bounded:
     `MAX_ENTRIES` entries and `MAX_BYTES` of bodies (the oldest go first); a body over
-    `MAX_BODY` is not kept. Used by the writer thread only."""
+    `MAX_BODY`, and a settled item, is not kept. Used by the writer thread only."""
 
     MAX_ENTRIES = 4096
     MAX_BYTES = 16 * 1024 * 1024
@@ -81,7 +86,9 @@ class EntityCache:
         old = self._entries.pop((kind, key), None)
         if old is not None:
             self._bytes -= len(old[0])
-        if len(body) > self.MAX_BODY:
+        if len(body) > self.MAX_BODY or (
+            isinstance(entity, TurnItem) and entity.status in SETTLED_ITEM_STATUSES
+        ):
             return
         self._entries[(kind, key)] = (body, entity)
         self._bytes += len(body)
