@@ -19,6 +19,7 @@ RSS, GC state and the writer queue. In JSON logs each is a field of its own.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import logging
@@ -90,7 +91,11 @@ class StepTimer(trio.abc.Instrument):
 
 class LoopMonitor:
     def __init__(self, *, stall_threshold_s: float = STALL_WARNING_S) -> None:
-        self.samples: deque[tuple[float, float]] = deque(maxlen=WINDOW)  # (when, lag s)
+        # The samples, as two rings side by side (when, and lag in s): a window's lags are
+        # found by bisecting the times and sorted in C, with no Python per sample (the
+        # admission gate reads the last second's p99 after every sample).
+        self._when: deque[float] = deque(maxlen=WINDOW)
+        self._lag: deque[float] = deque(maxlen=WINDOW)
         self._statistics: tuple[float, float, float, float] | None = None  # (when, p50, p99, max)
         self._steps = StepTimer()
         self._listeners: list[Callable[[float], None]] = []
@@ -103,23 +108,35 @@ class LoopMonitor:
         """Call ``listener(now)`` after every sample (on the loop; it must not block)."""
         self._listeners.append(listener)
 
+    @property
+    def samples(self) -> list[tuple[float, float]]:
+        """The kept samples, oldest first: (when, lag in s)."""
+        return list(zip(self._when, self._lag, strict=True))
+
+    @property
+    def latest_lag_s(self) -> float:
+        """The last sample's lag (0.0 before the first)."""
+        return self._lag[-1] if self._lag else 0.0
+
     def record(self, now: float, lag: float) -> None:
-        self.samples.append((now, lag))
+        self._when.append(now)
+        self._lag.append(lag)
         for listener in self._listeners:
             listener(now)
 
     def _since(self, now: float, seconds: float) -> list[float]:
-        recent = itertools.takewhile(lambda s: now - s[0] <= seconds, reversed(self.samples))
-        return sorted(lag for _, lag in recent)
+        """The lags sampled in the last ``seconds``, sorted (samples come in time order)."""
+        first = bisect.bisect_left(self._when, now - seconds)
+        return sorted(itertools.islice(self._lag, first, None))
 
     def statistics(self) -> LagStatistics:
         """The latest lag, and p50/p99/max over the last `WINDOW_S` (those three computed at
         most every `STATISTICS_REUSE_S`: sorting the window for every health probe cost more
         than the probe's answer)."""
-        if not self.samples:
+        if not self._lag:
             return LagStatistics(0.0, 0.0, 0.0, 0.0)
         now = trio.current_time()
-        last = round(self.samples[-1][1] * 1000, 3)
+        last = round(self._lag[-1] * 1000, 3)
         cached = self._statistics
         if cached is None or now - cached[0] >= STATISTICS_REUSE_S or now < cached[0]:
             ordered = self._since(now, WINDOW_S) or [0.0]

@@ -60,3 +60,20 @@ async def test_an_idle_loop_is_sampled_ten_times_a_second_and_a_busy_one_a_hundr
     idle_sleeps, busy_sleeps = chosen_sleeps(idle[1:]), chosen_sleeps(busy_samples)
     assert idle_sleeps[len(idle_sleeps) // 2] == pytest.approx(0.1, abs=0.002), idle_sleeps
     assert busy_sleeps[len(busy_sleeps) // 2] == pytest.approx(0.01, abs=0.002), busy_sleeps
+
+
+async def test_the_gate_reads_the_last_second_and_health_the_last_ten() -> None:
+    """`recent_p99_ms` (the admission gate's reading) covers the samples of the last
+    second only, `statistics` those of the last `WINDOW_S`: a 500 ms lag 3 s ago is in the
+    health window's max and p99, not in the gate's; older than the window it is in neither."""
+    monitor = LoopMonitor()
+    now = trio.current_time()
+    monitor.record(now - 20.0, 0.9)  # kept in the ring, but outside every window
+    monitor.record(now - 3.0, 0.5)
+    for n in range(100):
+        monitor.record(now - 0.99 + n * 0.01, 0.002 if n != 50 else 0.004)
+    assert monitor.recent_p99_ms() == pytest.approx(4.0)
+    stats = monitor.statistics()
+    assert stats.max_ms == pytest.approx(500.0) and stats.p99_ms == pytest.approx(4.0)
+    assert stats.p50_ms == pytest.approx(2.0) and stats.last_ms == pytest.approx(2.0)
+    assert monitor.samples[0] == (now - 20.0, 0.9) and len(monitor.samples) == 102

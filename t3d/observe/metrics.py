@@ -161,7 +161,7 @@ class Observer:
     # --- counted as it happens --------------------------------------------------------------
 
     def _on_lag_sample(self, now: float) -> None:
-        self.loop_lag.observe(self.sources.monitor.samples[-1][1])
+        self.loop_lag.observe(self.sources.monitor.latest_lag_s)
 
     def _on_writes(self, job_seconds: list[float], transaction_seconds: float) -> None:
         for seconds in job_seconds:
