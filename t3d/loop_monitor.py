@@ -127,7 +127,8 @@ class LoopMonitor:
     def _since(self, now: float, seconds: float) -> list[float]:
         """The lags sampled in the last ``seconds``, sorted (samples come in time order)."""
         first = bisect.bisect_left(self._when, now - seconds)
-        return sorted(itertools.islice(self._lag, first, None))
+        # From the newest end: islice from `first` would step over the older samples.
+        return sorted(itertools.islice(reversed(self._lag), len(self._lag) - first))
 
     def statistics(self) -> LagStatistics:
         """The latest lag, and p50/p99/max over the last `WINDOW_S` (those three computed at
