@@ -17,7 +17,7 @@ from t3d.errors import DomainError, StoreError, WriterClosedError
 from t3d.store.commit import Committed, Write, _apply
 from t3d.store.readers import ReaderPool
 from t3d.store.schema import MIGRATIONS, migrate
-from t3d.store.store import open_store
+from t3d.store.store import Store, open_store
 from t3d.store.tables import EntityCache, SqlView
 
 
@@ -185,18 +185,24 @@ def _streamed(text: str) -> TurnItem:
     return TurnItem("u:m:0", "t", "u", 0, "assistant_message", "streaming", None, text, None, 1.0)
 
 
+async def _stream_an_item(store: Store) -> EntityCache:
+    """A running turn ``u`` whose item ``u:m:0`` streams "A"; the writer's cache."""
+    await store.execute(c.CreateProject("p", "/p"))
+    await store.execute(c.CreateThread("t", "p", "replay"))
+    await store.execute(c.StartTurn("t", "u", "go"))
+    await store.record(c.MarkTurnRunning("u"))
+    await store.record(c.RecordItems("u", (_streamed("A"),)))
+    cache: EntityCache = store._cache  # type: ignore[attr-defined]
+    return cache
+
+
 async def test_the_writers_entity_cache_never_serves_a_row_that_changed(tmp_path: Path) -> None:
     """The writer keeps entities it decoded or wrote (a streaming item, its turn), but reads
     one from the cache only while the row's body is still the bytes it came from: a write
     rolled back, or a row changed behind the cache's back, is read from the row; an
     unchanged row is served without decoding (the same object)."""
     async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
-        await store.execute(c.CreateProject("p", "/p"))
-        await store.execute(c.CreateThread("t", "p", "replay"))
-        await store.execute(c.StartTurn("t", "u", "go"))
-        await store.record(c.MarkTurnRunning("u"))
-        await store.record(c.RecordItems("u", (_streamed("A"),)))
-        cache = store._cache  # type: ignore[attr-defined]
+        cache = await _stream_an_item(store)
 
         def rolled_back(conn: apsw.Connection) -> tuple[TurnItem | None, bool]:
             conn.execute("BEGIN IMMEDIATE")
@@ -224,12 +230,7 @@ async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -
     the cache drops it, so under many sessions finished items do not push the live ones
     out; the settled item is still read right, from its row."""
     async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
-        await store.execute(c.CreateProject("p", "/p"))
-        await store.execute(c.CreateThread("t", "p", "replay"))
-        await store.execute(c.StartTurn("t", "u", "go"))
-        await store.record(c.MarkTurnRunning("u"))
-        await store.record(c.RecordItems("u", (_streamed("A"),)))
-        cache = store._cache  # type: ignore[attr-defined]
+        cache = await _stream_an_item(store)
         assert (TurnItem, "u:m:0") in cache._entries and (Turn, "u") in cache._entries
         done = attrs.evolve(_streamed("AB"), status="completed")
         await store.record(c.RecordItems("u", (done,)))
