@@ -227,8 +227,9 @@ async def test_the_writers_entity_cache_never_serves_a_row_that_changed(tmp_path
 
 async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -> None:
     """A streaming item is kept (its next update reads it back), but once it is completed
-    the cache drops it, so under many sessions finished items do not push the live ones
-    out; the settled item is still read right, from its row."""
+    the cache drops it, and its turn once the turn has ended, so under many sessions
+    finished entities do not push the live ones out; both are still read right, from
+    their rows."""
     async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
         cache = await _stream_an_item(store)
         assert (TurnItem, "u:m:0") in cache._entries and (Turn, "u") in cache._entries
@@ -242,6 +243,16 @@ async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -
         item = await store.maintain(read)
         assert item is not None and item.status == "completed" and item.text == "AB"
         assert (TurnItem, "u:m:0") not in cache._entries
+
+        await store.record(c.FinishTurn("u", "completed"))
+        assert (Turn, "u") not in cache._entries
+
+        def read_turn(conn: apsw.Connection) -> Turn | None:
+            return SqlView(conn, cache).turn("u")
+
+        turn = await store.maintain(read_turn)
+        assert turn is not None and turn.status == "completed"
+        assert (Turn, "u") not in cache._entries
 
 
 def test_the_entity_cache_is_bounded() -> None:

@@ -64,6 +64,8 @@ ItemKind = Literal[
 ItemStatus = Literal[
     "streaming", "running", "completed", "failed", "pending", "allowed", "denied", "stopped"
 ]
+# Item statuses after which an item is seldom updated again.
+SETTLED_ITEM_STATUSES = frozenset({"completed", "failed", "allowed", "denied", "stopped"})
 
 RequestStatus = Literal["pending", "resolved", "expired", "cancelled"]
 Decision = Literal["allow", "allow_session", "deny", "cancel"]

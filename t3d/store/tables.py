@@ -8,9 +8,10 @@ remove a deleted thread's rows). Both run only on the writer thread.
 (a streaming item is read back by its next update, a turn by every update of
 its items): an entity is kept with the exact row body it came from, and a read
 uses it only when the row's body, read as always, is still those bytes, so a
-rollback, a retention step or any other write is never missed. A settled item
-(completed, failed, answered, stopped) is not kept: the domain seldom reads one
-again, and under many sessions they would push the live entities out.
+rollback, a retention step or any other write is never missed. A settled entity
+(an item completed, failed, answered or stopped; a turn ended; a session exited; a
+request answered) is not kept: the domain seldom reads one again, and under many
+sessions they would push the live entities out and hold memory for nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import orjson
 from t3d.domain.codec import converter
 from t3d.domain.events import Event
 from t3d.domain.model import (
+    SETTLED_ITEM_STATUSES,
+    TERMINAL_TURN_STATUSES,
     Checkpoint,
     Project,
     ProviderSession,
@@ -37,9 +40,6 @@ from t3d.store.packing import unpack
 from t3d.store.schema import TERMINAL
 
 E = TypeVar("E")
-
-# Item statuses after which the item is seldom updated again (EntityCache drops it).
-SETTLED_ITEM_STATUSES = frozenset({"completed", "failed", "allowed", "denied", "stopped"})
 
 
 def _decode(kind: type[E]) -> Callable[[bytes], E]:
@@ -58,10 +58,23 @@ decode_session = _decode(ProviderSession)
 decode_checkpoint = _decode(Checkpoint)
 
 
+def _settled(entity: object) -> bool:
+    """Is ``entity`` one the writer seldom reads again (see above)?"""
+    if isinstance(entity, TurnItem):
+        return entity.status in SETTLED_ITEM_STATUSES
+    if isinstance(entity, Turn):
+        return entity.status in TERMINAL_TURN_STATUSES
+    if isinstance(entity, ProviderSession):
+        return entity.status == "exited"
+    if isinstance(entity, RuntimeRequest):
+        return entity.status != "pending"
+    return False
+
+
 class EntityCache:
     """Decoded entities by (type, id), each with the row body it came from. Bounded:
     `MAX_ENTRIES` entries and `MAX_BYTES` of bodies (the oldest go first); a body over
-    `MAX_BODY`, and a settled item, is not kept. Used by the writer thread only."""
+    `MAX_BODY`, and a settled entity, is not kept. Used by the writer thread only."""
 
     MAX_ENTRIES = 4096
     MAX_BYTES = 16 * 1024 * 1024
@@ -86,9 +99,7 @@ class EntityCache:
         old = self._entries.pop((kind, key), None)
         if old is not None:
             self._bytes -= len(old[0])
-        if len(body) > self.MAX_BODY or (
-            isinstance(entity, TurnItem) and entity.status in SETTLED_ITEM_STATUSES
-        ):
+        if len(body) > self.MAX_BODY or _settled(entity):
             return
         self._entries[(kind, key)] = (body, entity)
         self._bytes += len(body)
