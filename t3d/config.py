@@ -73,6 +73,10 @@ class Settings:
     # Provider updates of all sessions share transactions when already queued together;
     # false commits each update alone (only to measure against).
     provider_commit_batching: bool = True
+    # Milliseconds a batch of provider updates may wait for more to join it, counted from
+    # the last batch's commit: under load transactions come at most this often; an update
+    # after a quiet spell commits at once (0: only what is already queued together).
+    provider_commit_interval_ms: int = 20
     # full: every commit survives a power loss (an fsync per transaction, on the writer
     # thread); normal: the last commits before a power loss may be lost (README "Durability").
     sqlite_synchronous: str = "full"
@@ -288,6 +292,7 @@ _SETTINGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "pull_requests": ("T3D_PULL_REQUESTS", _choice("on", "off")),
     "live_encode_once": ("T3D_LIVE_ENCODE_ONCE", _true_false),
     "provider_commit_batching": ("T3D_PROVIDER_COMMIT_BATCHING", _true_false),
+    "provider_commit_interval_ms": ("T3D_PROVIDER_COMMIT_INTERVAL_MS", _int_in(0, 1000)),
     "sqlite_synchronous": ("T3D_SQLITE_SYNCHRONOUS", _choice("full", "normal")),
     "sqlite_busy_timeout_ms": ("T3D_SQLITE_BUSY_TIMEOUT_MS", _int_in(0, 600_000)),
     "psi_root": ("T3D_PSI_ROOT", _abs_path),

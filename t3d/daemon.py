@@ -118,6 +118,7 @@ async def _run_daemon(
             settings.db_path,
             readers=settings.sqlite_reader_pool,
             batching=settings.provider_commit_batching,
+            commit_interval_s=settings.provider_commit_interval_ms / 1000,
             synchronous=settings.sqlite_synchronous,
             busy_timeout_ms=settings.sqlite_busy_timeout_ms,
             on_writer_lost=on_writer_lost,

@@ -51,9 +51,9 @@ def _item(turn: str, key: str, text: str = "hello") -> TurnItem:
 
 
 @asynccontextmanager
-async def _running_turns(tmp_path: Path, *, batching: bool = True) -> AsyncIterator[Store]:
+async def _running_turns(tmp_path: Path, *, batching: bool = True, commit_interval_s: float = 0.0) -> AsyncIterator[Store]:
     """A store with THREADS threads, each with a running turn ``u<n>``."""
-    async with open_store(tmp_path / "db", batching=batching, on_writer_lost=_lost) as store:
+    async with open_store(tmp_path / "db", batching=batching, commit_interval_s=commit_interval_s, on_writer_lost=_lost) as store:
         await store.execute(c.CreateProject("p", str(tmp_path)))
         for n in range(THREADS):
             await store.execute(c.CreateThread(f"t-u{n}", "p", "replay"))
@@ -112,6 +112,43 @@ async def test_an_isolated_update_commits_alone_and_at_once(tmp_path: Path) -> N
         await store.record(c.RecordItems("u0", (_item("u0", "a"),)))
         await store.record(c.RecordItems("u1", (_item("u1", "a"),)))
         assert _batches(store) == (before + 2, 1)
+
+
+async def test_under_load_updates_sent_one_by_one_share_a_transaction_per_commit_interval(tmp_path: Path) -> None:
+    """--provider-commit-interval-ms: updates sent one at a time (never queued together)
+    right after a commit join one transaction that stays open for the interval, each
+    applied as it comes; they commit together, and none is done before the last was sent."""
+    with trio.fail_after(20):
+        async with _running_turns(tmp_path, commit_interval_s=1.0) as store:
+            await (await store.send(c.RecordItems("u0", (_item("u0", "a"),)))).outcome()
+            before, _ = _batches(store)
+            pending = []
+            for n in (1, 2, 3):
+                pending.append(await store.send(c.RecordItems(f"u{n}", (_item(f"u{n}", "a"),))))
+                await trio.sleep(0.05)
+            assert not any(p.done for p in pending)
+            results = [await p.outcome() for p in pending]
+            assert _batches(store)[0] == before + 1
+            sequences = [r.events[0].sequence for r in results]
+            assert sequences == sorted(sequences)
+
+
+async def test_an_update_after_a_quiet_spell_and_a_clients_command_never_wait_for_the_interval(tmp_path: Path) -> None:
+    """With a 30 s commit interval: the first update after a quiet spell commits at once; the
+    next one opens a transaction that waits for company, and a client's command arriving
+    meanwhile joins it and commits it at once, after the update (in sequence order)."""
+    with trio.fail_after(10):
+        async with _running_turns(tmp_path, commit_interval_s=30.0) as store:
+            await (await store.send(c.RecordItems("u0", (_item("u0", "a"),)))).outcome()
+            before, _ = _batches(store)
+            waiting = await store.send(c.RecordItems("u1", (_item("u1", "a"),)))
+            await trio.sleep(0.2)
+            assert not waiting.done
+            project = await store.execute(c.CreateProject("p2", str(tmp_path / "p2")), command_id="c-1")
+            update = await waiting.outcome()
+            assert update.events[0].sequence < project.events[0].sequence
+            assert _batches(store) == (before + 1, 2)
+            assert (await store.execute(c.CreateProject("p2", str(tmp_path / "p2")), command_id="c-1")).result == project.result
 
 
 async def test_batching_off_commits_each_update_alone(tmp_path: Path) -> None:

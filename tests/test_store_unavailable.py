@@ -89,6 +89,29 @@ async def test_a_full_database_fails_client_commands_clearly_and_holds_provider_
             assert await _integrity(store) == "ok"
 
 
+async def test_a_clients_command_that_joins_an_open_transaction_on_a_full_database_fails_and_the_update_is_held(tmp_path: Path) -> None:
+    """A client's command joins a transaction of provider updates still open for the commit
+    interval; the database has no room for it: the command fails with "the database is
+    full" (it is never held), the update before it is held, not lost, and commits once
+    there is room; the file is intact."""
+    with trio.fail_after(30):
+        async with open_store(tmp_path / "db", commit_interval_s=30.0, on_writer_lost=_lost) as store:
+            await _running_turn(store, tmp_path)
+            await (await store.send(c.RecordItems("u0", (_item("u0", "a", 10),)))).outcome()
+            await _cap_pages(store)
+            waiting = await store.send(c.RecordItems("u0", (_item("u0", "b", 10),)))
+            await trio.sleep(0.2)
+            assert store.statistics().writes_held == 0 and not waiting.done  # applied, open
+            with pytest.raises(DatabaseFullError, match=r"^the database is full"):
+                await store.execute(c.CreateProject("p2", "/x" * 8000), command_id="c-1")
+            await wait_until(lambda: store.statistics().writes_held == 1)
+            assert not waiting.done
+            await _cap_pages(store, 1 << 30)
+            assert isinstance(await waiting.outcome(), Committed)
+            assert store.statistics().writes_held == 0
+            assert await _integrity(store) == "ok"
+
+
 async def test_a_lock_held_by_another_process_fails_client_commands_and_provider_updates_wait(tmp_path: Path) -> None:
     """While a second process holds BEGIN IMMEDIATE past the busy timeout: a client's command
     fails with "the database is locked by another process", naming that process; a provider

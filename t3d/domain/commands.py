@@ -287,9 +287,9 @@ AdmissionCommand = HoldTurn | AdmitTurn
 CheckpointCommand = RecordCheckpoint | MarkReverted | MoveThread
 Command = ClientCommand | ProviderCommand | AdmissionCommand | RecoverAfterRestart | CheckpointCommand
 
-# Provider updates that may share a transaction with other sessions' updates
-# already queued. The other provider commands (a turn's end, a request opened)
-# are barriers: each commits alone, after every update queued before it.
+# Provider updates that may share a transaction with other sessions' updates.
+# The other provider commands (a turn's end, a request opened) are barriers: each
+# commits after every update queued before it (closing an open transaction, or alone).
 BATCHABLE = (MarkTurnRunning, RecordItems, RecordSession, RecordTasks)
 
 _ENTITY_OVERHEAD = 200  # ids, kinds, timestamps and field names of one entity

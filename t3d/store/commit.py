@@ -110,15 +110,37 @@ def execute_batch(
     raises, and then every command of the batch has failed. ``cache`` (the writer's
     `EntityCache`) spares decoding rows written or read before.
     """
-    conn.execute("BEGIN IMMEDIATE")
+    batch = BatchTransaction(cache)
+    batch.begin(conn)
     try:
-        results = [_apply(conn, write, cache) for write in writes]
-        conn.execute("COMMIT")
+        results = [batch.apply(conn, write) for write in writes]
+        batch.commit(conn)
     except BaseException:
-        if not conn.get_autocommit():
-            conn.execute("ROLLBACK")
+        batch.rollback(conn)
         raise
     return results
+
+
+@attrs.define
+class BatchTransaction:
+    """`execute_batch` in steps, for a writer that applies each command as it arrives:
+    `begin`, `apply` each (its outcome; raises, as `execute_batch` does, for an error
+    that fails the whole transaction), then `commit`, or `rollback` after a raise."""
+
+    cache: EntityCache | None = None
+
+    def begin(self, conn: apsw.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+
+    def apply(self, conn: apsw.Connection, write: Write) -> outcome.Outcome[Committed]:
+        return _apply(conn, write, self.cache)
+
+    def commit(self, conn: apsw.Connection) -> None:
+        conn.execute("COMMIT")
+
+    def rollback(self, conn: apsw.Connection) -> None:
+        if not conn.get_autocommit():
+            conn.execute("ROLLBACK")
 
 
 def _apply(conn: apsw.Connection, write: Write, cache: EntityCache | None) -> outcome.Outcome[Committed]:

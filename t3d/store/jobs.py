@@ -7,7 +7,7 @@ Created and awaited on the loop; run on the writer thread (writer.py), which set
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import apsw
 import outcome
@@ -26,8 +26,21 @@ class Job(Generic[T]):
         self.result: outcome.Outcome[T] | None = None
 
 
+class JoinableJob(Job[T]):
+    """A job that runs alone (``fn``) when the writer is idle, or, when it arrives while a
+    batch's transaction is open, is applied to it (``item``, through the writer's
+    `Transaction`) and commits it at once: a client's command waits for one COMMIT, not for
+    the batch's and then its own. It is never held like a batchable job."""
+
+    __slots__ = ("item",)
+
+    def __init__(self, fn: Callable[[apsw.Connection], T], item: object, deliver: Callable[[T], None] | None) -> None:
+        super().__init__(fn, deliver)
+        self.item = item
+
+
 class BatchableJob(Job[T]):
-    """A job that may share a transaction: ``item`` goes to ``execute_batch``."""
+    """A job that may share a transaction: ``item`` goes to the writer's `Transaction`."""
 
     __slots__ = ("item", "size")
 
@@ -38,7 +51,7 @@ class BatchableJob(Job[T]):
 
 
 def _unbatched(conn: apsw.Connection) -> Any:
-    raise AssertionError("a batchable job runs through execute_batch")
+    raise AssertionError("a batchable job runs through the writer's Transaction")
 
 
 class Pending(Generic[T]):
@@ -66,4 +79,18 @@ class Pending(Generic[T]):
         return self._job.result.unwrap()
 
 
-ExecuteBatch = Callable[[apsw.Connection, list[Any]], list[outcome.Outcome[Any]]]
+class Transaction(Protocol):
+    """How the writer commits batchable items: one transaction, each item applied as it
+    is taken (`t3d.store.commit.BatchTransaction`)."""
+
+    def begin(self, conn: apsw.Connection) -> None: ...
+
+    def apply(self, conn: apsw.Connection, item: Any) -> outcome.Outcome[Any]:
+        """The item's own outcome; raises for an error that fails the whole transaction."""
+        ...
+
+    def commit(self, conn: apsw.Connection) -> None: ...
+
+    def rollback(self, conn: apsw.Connection) -> None:
+        """After a raise from any step: undo whatever the transaction still holds."""
+        ...

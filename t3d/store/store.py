@@ -14,7 +14,6 @@ write commits; `mark_effects_done` fails and its caller retries later.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -35,10 +34,10 @@ from t3d.errors import DatabaseUnavailableError
 from t3d.store import queries as q
 from t3d.store.checkpointer import Checkpointer
 from t3d.store.commit import (
+    BatchTransaction,
     Committed,
     Write,
     execute,
-    execute_batch,
     finish_effect,
     mark_effects_done,
 )
@@ -193,15 +192,18 @@ class Store:
     ) -> Committed:
         """Decide and commit ``command``; raises `DomainError` if it is rejected. A retry of
         ``command_id`` replays the first outcome; with another ``fingerprint`` it is refused."""
-        now = self._clock()
-        cache = self._cache
-        return await self._writer.run(lambda conn: execute(conn, command, command_id, now, fingerprint, cache), self._publish)
+        write, cache = Write(command, command_id, self._clock(), fingerprint), self._cache
+        return await self._writer.run(
+            lambda conn: execute(conn, command, command_id, write.now, fingerprint, cache),
+            self._publish,
+            item=write,  # or joins an open transaction of provider updates
+        )
 
     async def record(self, command: c.Command) -> Committed:
         """Commit one of the daemon's own writes (a provider session's update, a turn's
-        end, admission's decisions, a checkpoint). Updates of all sessions already queued
-        together share one transaction (bounded; see `WriterThread.send_batched`); a
-        turn's end or an opened request commits alone, after every earlier update.
+        end, admission's decisions, a checkpoint). Updates of all sessions share
+        transactions (bounded; see `WriterThread`); a turn's end or an opened request
+        commits after every earlier update (joining an open transaction, or alone).
         While the database is unavailable it waits and retries until the write commits
         (raises `DomainError` if it is rejected, as `execute` does)."""
         if not isinstance(command, c.BATCHABLE):
@@ -357,6 +359,7 @@ async def open_store(
     *,
     readers: int = 4,
     batching: bool = True,
+    commit_interval_s: float = 0.0,
     synchronous: str = "full",
     busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     on_writer_lost: Callable[[BaseException | None], None],
@@ -366,8 +369,9 @@ async def open_store(
     """Open (creating and migrating) the database, then run restart recovery (the daemon
     passes ``recover=False`` and runs `Store.recover_after_restart` itself once it knows
     which agents are still alive). ``batching=False`` commits each provider update in its
-    own transaction; ``synchronous`` is ``full`` or ``normal`` (schema.SYNCHRONOUS says
-    what each costs); ``busy_timeout_ms``: how long a write waits for another process's
+    own transaction; ``commit_interval_s``: how long a batch of them may stay open for more
+    to join, counted from the last batch's commit (`WriterThread`); ``synchronous`` is
+    ``full`` or ``normal`` (schema.SYNCHRONOUS says what each costs); ``busy_timeout_ms``: how long a write waits for another process's
     lock before it counts as unavailable. A database that cannot take writes at start
     raises its `DatabaseUnavailableError` (the daemon exits 1 naming the cause)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -377,9 +381,10 @@ async def open_store(
         lambda: checkpointer.install(_connect_writer(os.fspath(path), synchronous, busy_timeout_ms)),
         capacity=WRITER_QUEUE,
         on_lost=on_writer_lost,
-        execute_batch=functools.partial(execute_batch, cache=cache),
+        transaction=BatchTransaction(cache),
         max_batch_jobs=BATCH_JOBS if batching else 1,
         max_batch_bytes=BATCH_BYTES,
+        commit_interval_s=commit_interval_s if batching else 0.0,
         db_path=os.fspath(path),
         busy_timeout_ms=busy_timeout_ms,
     )

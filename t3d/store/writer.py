@@ -16,14 +16,20 @@ Rules:
   with "database writer is closed".
 - If the thread dies outside a job (it should not), ``on_lost`` is called once
   on the loop; the daemon then exits with status 1 and systemd restarts it.
-- Batching (``send_batched``, for provider updates): when the thread takes a
-  batchable job it also takes the batchable jobs queued right behind it, only
-  what is already queued (no collection timer, so an isolated update commits
-  at once), at most ``max_batch_jobs`` jobs and ``max_batch_bytes`` of
-  estimated payload; a job over the byte bound runs alone. The batch runs as
-  one transaction (``execute_batch``); each job keeps its own outcome. Any
-  other job ends the batch and runs after it, so the order of submission is
-  the order of commit.
+- Batching (``send_batched``, for provider updates): a batchable job opens a
+  transaction (``transaction``, a `Transaction`) and is applied at once; the
+  batchable jobs queued behind it join it, each applied as it is taken, at
+  most ``max_batch_jobs`` jobs and ``max_batch_bytes`` of estimated payload (a
+  job over the byte bound runs alone). Until ``commit_interval_s`` has passed
+  since the last batch committed, the thread also waits for more to join; after
+  that, or when nothing more is queued once it has, it commits. So under load
+  transactions come at most once per interval, and an update after a quiet
+  spell commits at once (seed 001: no collection window delays an isolated
+  update). Any other job ends the batch at once: it runs after it (the order of
+  submission is the order of commit), or, a client's command (``run`` with
+  ``item``), is applied last in the same transaction and commits it, so it waits
+  for one COMMIT and not for the updates before it, applied as they arrived.
+  Each job keeps its own outcome.
 - A job whose ``deliver`` raises fails only itself: its caller gets the error,
   the loop and the other jobs go on. ``deliver`` runs only for a job that committed.
 - The database unavailable (a full disk, another process's lock: availability.py):
@@ -44,11 +50,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import apsw
@@ -58,9 +65,9 @@ import trio
 from t3d import waits
 from t3d.errors import DatabaseUnavailableError, StoreError, WriterClosedError
 from t3d.store import availability
-from t3d.store.jobs import BatchableJob, ExecuteBatch, Job, Pending
+from t3d.store.jobs import BatchableJob, Job, JoinableJob, Pending, Transaction
 
-__all__ = ["RETRY_MAX_S", "RETRY_MIN_S", "ExecuteBatch", "Pending", "WriterThread"]
+__all__ = ["RETRY_MAX_S", "RETRY_MIN_S", "Pending", "Transaction", "WriterThread"]
 
 log = logging.getLogger("t3d.store")
 
@@ -83,17 +90,21 @@ class WriterThread:
         *,
         capacity: int,
         on_lost: Callable[[BaseException | None], None],
-        execute_batch: ExecuteBatch | None = None,
+        transaction: Transaction | None = None,
         max_batch_jobs: int = 1,
         max_batch_bytes: int = 0,
+        commit_interval_s: float = 0.0,
         max_inflight_bytes: int = MAX_INFLIGHT_BYTES,
         db_path: str = "the database",
         busy_timeout_ms: int = 5000,
     ) -> None:
         self._connect = connect
-        self._execute_batch = execute_batch
+        self._transaction = transaction
         self._max_batch_jobs = max_batch_jobs
         self._max_batch_bytes = max_batch_bytes
+        self._commit_interval_s = commit_interval_s
+        self._gather_waited = 0.0  # seconds the open batch has waited for jobs to join it
+        self._committed_at = -math.inf  # when the last batch committed (time.monotonic)
         self._db_path = db_path
         self._busy_timeout_ms = busy_timeout_ms
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -156,24 +167,28 @@ class WriterThread:
         """Return once the database takes writes again (at once if it does)."""
         await self._available.wait()
 
-    async def run(self, fn: Callable[[apsw.Connection], T], deliver: Callable[[T], None] | None = None) -> T:
+    async def run(
+        self, fn: Callable[[apsw.Connection], T], deliver: Callable[[T], None] | None = None, *, item: object = None
+    ) -> T:
         """Run ``fn(conn)`` on the writer thread and return its result.
 
         ``deliver`` (optional) runs on the loop with the result just before the
         caller wakes, in commit order; use it to publish committed events.
-        If the caller is cancelled, the job still runs to completion.
+        With ``item`` (what ``fn`` commits, as the ``transaction`` takes it), a job that
+        meets a batch still taking jobs is applied to the batch's transaction instead,
+        last, and commits it. If the caller is cancelled, the job still runs to completion.
         """
-        job = Job(fn, deliver)
+        job = Job(fn, deliver) if item is None else JoinableJob(fn, item, deliver)
         await self._send(job)
         return await Pending(job).outcome()
 
     async def send_batched(self, item: object, size: int, deliver: Callable[[T], None] | None = None) -> Pending[T]:
-        """Queue ``item`` to commit through ``execute_batch``, sharing the transaction with
+        """Queue ``item`` to commit through the ``transaction``, sharing the transaction with
         the batchable jobs queued around it (``size``: its estimated payload in bytes), and
         return at once: its place in the commit order is fixed now, its outcome is awaited
         later (`Pending.outcome`). Waits only for a free place in the bounded queue (and for
         room within ``max_inflight_bytes``)."""
-        assert self._execute_batch is not None, "this writer has no execute_batch"
+        assert self._transaction is not None, "this writer has no transaction for batches"
         job: BatchableJob[T] = BatchableJob(item, size, deliver)
         await self._send(job)
         return Pending(job)
@@ -262,8 +277,7 @@ class WriterThread:
                 if self._held:  # behind the held ones, in order
                     self._hold([job])
                 else:
-                    batch, self._carried = self._drain_batch(job)
-                    self._commit_batch(conn, batch)
+                    self._commit_batch(conn, [job], self._gather(job))
             else:
                 self._run_one(conn, job)
 
@@ -304,33 +318,64 @@ class WriterThread:
             self._recovered()
         self._finish([job], took)
 
-    def _drain_batch(self, first: BatchableJob[Any]) -> tuple[list[BatchableJob[Any]], Any]:
-        """``first`` and the batchable jobs already queued behind it, within the bounds;
-        also the job that ended the batch, if one was taken off the queue."""
-        batch, size = [first], first.size
-        while len(batch) < self._max_batch_jobs:
+    def _gather(self, first: BatchableJob[Any]) -> Iterator[Job[Any]]:
+        """The batchable jobs taken off the queue behind ``first``, within the bounds, waited
+        for until ``commit_interval_s`` after the last commit; then a joinable job that
+        ends the batch. Another job that ends the batch is kept to run next (``_carried``)."""
+        count, size = 1, first.size
+        until = self._committed_at + self._commit_interval_s
+        while count < self._max_batch_jobs:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
-                return batch, None
+                wait = until - time.monotonic()
+                if wait <= 0:
+                    return
+                waiting_since = time.perf_counter()
+                try:
+                    job = self._queue.get(timeout=wait)
+                except queue.Empty:
+                    return
+                finally:
+                    self._gather_waited += time.perf_counter() - waiting_since
+            if isinstance(job, JoinableJob):
+                yield job
+                return
             if not isinstance(job, BatchableJob) or size + job.size > self._max_batch_bytes:
-                return batch, job
-            batch.append(job)
+                self._carried = job
+                return
+            count += 1
             size += job.size
-        return batch, None
+            yield job
 
-    def _commit_batch(self, conn: apsw.Connection, batch: list[BatchableJob[Any]]) -> bool:
-        """Run ``batch`` as one transaction and finish its jobs; False (the jobs held, at
-        the front, in order) if the database could not take it."""
-        assert self._execute_batch is not None
+    def _commit_batch(self, conn: apsw.Connection, batch: list[Job[Any]], gather: Iterable[Job[Any]] = ()) -> bool:
+        """Apply ``batch``, then the jobs ``gather`` takes (added to it), in one transaction,
+        commit it and finish them. False if the database could not take it: then its
+        batchable jobs are held, at the front, in order, and a joined client's command fails
+        with the trouble."""
+        transaction = self._transaction
+        assert transaction is not None
         started = time.perf_counter()
+        self._gather_waited = 0.0
         try:
-            results = self._execute_batch(conn, [job.item for job in batch])
+            transaction.begin(conn)
+            results = [transaction.apply(conn, _item(job)) for job in batch]
+            for job in gather:
+                batch.append(job)
+                results.append(transaction.apply(conn, _item(job)))
+            transaction.commit(conn)
+            self._committed_at = time.monotonic()
         except Exception as exc:  # the transaction itself failed: so did every job in it
+            transaction.rollback(conn)
             trouble = self._unavailable(conn, exc)
             if trouble is not None:
-                self._hold(batch, front=True)
+                self._hold([job for job in batch if isinstance(job, BatchableJob)], front=True)
+                joined = [job for job in batch if not isinstance(job, BatchableJob)]
+                for job in joined:
+                    job.result = outcome.Error(trouble)
                 self._in_trouble(trouble)
+                if joined:
+                    self._finish(joined)
                 return False
             if len(batch) == 1:
                 results = [outcome.Error(exc)]
@@ -343,7 +388,7 @@ class WriterThread:
             job.result = result
         self.batches_done += 1
         self.largest_batch = max(self.largest_batch, len(batch))
-        self._finish(batch, time.perf_counter() - started)
+        self._finish(batch, time.perf_counter() - started - self._gather_waited)
         return True
 
     def _retry_held(self, conn: apsw.Connection) -> None:
@@ -355,7 +400,7 @@ class WriterThread:
                 size += self._held[0].size
                 batch.append(self._held.popleft())
             self.held_jobs = len(self._held)
-            if not self._commit_batch(conn, batch):
+            if not self._commit_batch(conn, list[Job[Any]](batch)):
                 return
 
     def _hold(self, jobs: list[BatchableJob[Any]], *, front: bool = False) -> None:
@@ -463,6 +508,11 @@ class WriterThread:
         self._stopped.set()
         if lost and self._ready is not None and isinstance(self._ready, outcome.Value):
             self._on_lost(error)
+
+
+def _item(job: Job[Any]) -> object:
+    assert isinstance(job, BatchableJob | JoinableJob)
+    return job.item
 
 
 def _batch_failed(exc: Exception, jobs: int) -> StoreError:
