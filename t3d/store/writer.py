@@ -395,13 +395,14 @@ class WriterThread:
     def _retry_held(self, conn: apsw.Connection) -> None:
         """Commit the held jobs, oldest first, in batches, until one cannot."""
         while self._held:
-            batch = [self._held.popleft()]
-            size = batch[0].size
+            first = self._held.popleft()
+            batch: list[Job[Any]] = [first]
+            size = first.size
             while self._held and len(batch) < self._max_batch_jobs and size + self._held[0].size <= self._max_batch_bytes:
                 size += self._held[0].size
                 batch.append(self._held.popleft())
             self.held_jobs = len(self._held)
-            if not self._commit_batch(conn, list[Job[Any]](batch)):
+            if not self._commit_batch(conn, batch):
                 return
 
     def _hold(self, jobs: list[BatchableJob[Any]], *, front: bool = False) -> None:
