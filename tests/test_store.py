@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import tracemalloc
 from pathlib import Path
 
 import apsw
@@ -253,6 +254,29 @@ async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -
         turn = await store.maintain(read_turn)
         assert turn is not None and turn.status == "completed"
         assert (Turn, "u") not in cache._entries
+
+
+async def test_the_bodies_the_writer_keeps_take_their_own_size(tmp_path: Path) -> None:
+    """The writer keeps each streaming item's row body (its cache); those bytes take about
+    their length in memory, not the 4 KiB write buffer orjson 3.12 hands back with every
+    encoding (under 250 sessions the cache's 4,096 bodies of ~400 bytes held 16-32 MiB and
+    the daemon's RSS grew for 15 minutes; issue 19)."""
+    async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
+        cache = await _stream_an_item(store)
+        items = tuple(
+            TurnItem(f"u:m:{n}", "t", "u", n, "assistant_message", "streaming", None, "x" * 300, None, 1.0)
+            for n in range(1, 101)
+        )
+        tracemalloc.start()
+        try:
+            await store.record(c.RecordItems("u", items))
+            bodies = [body for (kind, key), (body, _) in cache._entries.items() if kind is TurnItem and key != "u:m:0"]
+            where = {tracemalloc.get_object_traceback(body) for body in bodies}
+            held = sum(t.size for t in tracemalloc.take_snapshot().traces if t.traceback in where)
+        finally:
+            tracemalloc.stop()
+    assert len(bodies) == 100 and None not in where
+    assert held <= 1.5 * sum(len(body) for body in bodies), (held, sum(len(body) for body in bodies))
 
 
 def test_the_entity_cache_is_bounded() -> None:

@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
-import orjson
 import trio
 
+from t3d.domain.codec import dumps_sized
 from t3d.domain.model import TERMINAL_TURN_STATUSES, Project, Thread, Turn
 from t3d.errors import GitError
 from t3d.git import forge
@@ -374,7 +374,7 @@ class WorkspaceStatuses:
         self._set_value(d, value)
 
     def _set_value(self, d: _Dir, value: dict[str, Any], *, publish: bool = True) -> None:
-        data = orjson.dumps(value)
+        data = dumps_sized(value)
         if data == d.data:
             return
         d.value, d.data = value, data

@@ -26,7 +26,7 @@ import orjson
 import outcome
 
 from t3d.domain import commands as c
-from t3d.domain.codec import converter, to_json
+from t3d.domain.codec import converter, dumps_sized, to_json
 from t3d.domain.decide import decide
 from t3d.domain.events import Effect
 from t3d.domain.model import Entity, JsonDict
@@ -212,7 +212,7 @@ def _write_receipt(conn: apsw.Connection, write: Write, *, ok: bool, body: JsonD
 
 def _append(conn: apsw.Connection, event: Any, now: float, cache: EntityCache | None = None) -> StoredEvent:
     value = to_json(event.entity)
-    payload = orjson.dumps(value)
+    payload = dumps_sized(value)  # kept: the entity cache, the events on their way out
     apply_event(conn, event, payload)
     if cache is not None and event.kind != "thread.deleted":  # the row's body is now these bytes
         cache.put(type(event.entity), event.entity.id, payload, event.entity)

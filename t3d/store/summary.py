@@ -29,6 +29,8 @@ from typing import Any
 
 import orjson
 
+from t3d.domain.codec import dumps_sized
+
 FIELD_LIMIT = 16 * 1024
 HEAD_BYTES = 4 * 1024
 ENTITY_LIMIT = 64 * 1024
@@ -54,7 +56,7 @@ def summarize_value(entity: dict[str, Any], size: int) -> bytes | None:
     cut in place: pass a fresh value (`json_copy`). The same bytes `summarize_payload` gives
     for its encoding, without decoding (copying) its large strings."""
     cut = summarize_entity(entity, large=size > ENTITY_LIMIT)
-    return orjson.dumps(entity) if cut else None
+    return dumps_sized(entity) if cut else None
 
 
 def json_copy(value: Any) -> Any:
