@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from t3d.domain import commands as c
-from t3d.domain.model import Turn, TurnItem
+from t3d.domain.model import Checkpoint, Turn, TurnItem
 from t3d.errors import DomainError, StoreError, WriterClosedError
 from t3d.store.commit import Committed, Write, _apply
 from t3d.store.readers import ReaderPool
@@ -228,7 +228,7 @@ async def test_the_writers_entity_cache_never_serves_a_row_that_changed(tmp_path
 
 async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -> None:
     """A streaming item is kept (its next update reads it back), but once it is completed
-    the cache drops it, and its turn once the turn has ended, so under many sessions
+    the cache drops it, and its turn once the turn has ended (a checkpoint is never kept), so under many sessions
     finished entities do not push the live ones out; both are still read right, from
     their rows."""
     async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
@@ -254,6 +254,10 @@ async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -
         turn = await store.maintain(read_turn)
         assert turn is not None and turn.status == "completed"
         assert (Turn, "u") not in cache._entries
+
+        # A checkpoint is written once, at its turn's end, and not read by the writer again.
+        await store.record(c.RecordCheckpoint(Checkpoint("t:1", "t", "u", 1, "/p", "ok", 2.0)))
+        assert (Checkpoint, "t:1") not in cache._entries
 
 
 async def test_the_bodies_the_writer_keeps_take_their_own_size(tmp_path: Path) -> None:
