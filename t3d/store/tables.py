@@ -10,8 +10,9 @@ its items): an entity is kept with the exact row body it came from, and a read
 uses it only when the row's body, read as always, is still those bytes, so a
 rollback, a retention step or any other write is never missed. A settled entity
 (an item completed, failed, answered or stopped; a turn ended; a session exited; a
-request answered; any checkpoint, written once at its turn's end) is not kept: the domain seldom reads one again, and under many
-sessions they would push the live entities out and hold memory for nothing.
+request answered; any checkpoint, written once at its turn's end) is not kept: the
+domain seldom reads one again, and under many sessions they would push the live
+entities out and hold memory for nothing.
 """
 
 from __future__ import annotations
