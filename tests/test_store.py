@@ -228,9 +228,9 @@ async def test_the_writers_entity_cache_never_serves_a_row_that_changed(tmp_path
 
 async def test_the_writers_entity_cache_lets_a_settled_item_go(tmp_path: Path) -> None:
     """A streaming item is kept (its next update reads it back), but once it is completed
-    the cache drops it, and its turn once the turn has ended (a checkpoint is never kept), so under many sessions
-    finished entities do not push the live ones out; both are still read right, from
-    their rows."""
+    the cache drops it, and its turn once the turn has ended (a checkpoint is never kept),
+    so under many sessions finished entities do not push the live ones out; both are
+    still read right, from their rows."""
     async with open_store(tmp_path / "db", on_writer_lost=_lost) as store:
         cache = await _stream_an_item(store)
         assert (TurnItem, "u:m:0") in cache._entries and (Turn, "u") in cache._entries
