@@ -62,10 +62,10 @@ from t3d.api.http1 import (
 from t3d.api.prefixed_stream import PrefixedStream, write_now
 from t3d.api.shedding import ConnectionTable, Slot, Standing
 from t3d.errors import T3dError
+from t3d.fd_read import receive_some
 
 logger = logging.getLogger("t3d.api")
 
-_RECEIVE_CHUNK = 64 * 1024
 # A response whose pieces together are at most this many bytes is written at once.
 _JOIN_BYTES = 256 * 1024
 # After a connection's last response, how long we drain what the peer still
@@ -517,10 +517,10 @@ class _Connection:
             # checks its size only when it needs more data, so reading at most
             # one byte past the cap makes its 431 exact.
             room = self._limits.max_header_bytes + 1 - len(self._head_bytes)
-            data = await self._stream.receive_some(max(1, min(room, _RECEIVE_CHUNK)))
+            data = await receive_some(self._stream, max(1, room))
             self._head_bytes += data
         else:
-            data = await self._stream.receive_some(_RECEIVE_CHUNK)
+            data = await receive_some(self._stream)
         self._h11.receive_data(data)
 
     def _bad_request(self, exc: h11.RemoteProtocolError) -> HttpResponse:
@@ -558,7 +558,7 @@ class _Connection:
         request is answered without watching.
         """
         try:
-            data = await self._stream.receive_some(_RECEIVE_CHUNK)
+            data = await receive_some(self._stream)
         except trio.BrokenResourceError:
             return
         self._h11.receive_data(data)
@@ -608,7 +608,7 @@ class _Connection:
         """Half-close, then drain the peer's leftovers briefly so it reads our last response."""
         with trio.move_on_after(_LINGER_S):
             await self._stream.send_eof()
-            while await self._stream.receive_some(_RECEIVE_CHUNK):
+            while await receive_some(self._stream):
                 pass
 
 

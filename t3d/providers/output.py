@@ -21,22 +21,21 @@ Rules:
   After a read that took less than it asked for (the pipe is empty), the next
   waits first instead of trying a read that fails (one system call fewer per
   line). A read that did not wait yields once first, so a provider that never
-  stops writing cannot hold the loop.
+  stops writing cannot hold the loop. Reads go through `t3d.fd_read.read_now`: no
+  64 KiB allocation per read.
 """
 
 from __future__ import annotations
 
-import errno
-import os
 from collections.abc import Awaitable, Callable
 
 import trio
 
+from t3d.fd_read import READ_BYTES, read_now
 from t3d.providers.lines import DEFAULT_MAX_LINE, LineBuffer, LineTooLong
 from t3d.spawn.child import Child
 
 STDOUT_DRAIN_S = 2.0
-RECEIVE_BYTES = 65536
 
 OnLine = Callable[[bytes | LineTooLong], Awaitable[None]]
 
@@ -82,30 +81,24 @@ class ProviderOutput:
         BrokenResourceError as ``receive_some`` does."""
         stdout = self._child.stdout
         if not isinstance(stdout, trio.lowlevel.FdStream):
-            return bytes(await stdout.receive_some(RECEIVE_BYTES))
+            return bytes(await stdout.receive_some(READ_BYTES))
         waited = False
         while True:
             fd = stdout.fileno()  # -1 once closed (never a reused descriptor)
+            if waited or not self._drained:  # else the last read emptied the pipe: wait first
+                try:
+                    chunk = read_now(fd)
+                except BlockingIOError:
+                    pass
+                else:
+                    self._drained = len(chunk) < READ_BYTES
+                    if not waited:
+                        await trio.lowlevel.checkpoint()
+                    return chunk
             if fd == -1:
                 raise trio.ClosedResourceError("stdout was closed")
-            if self._drained and not waited:  # the last read emptied the pipe: wait first
-                await trio.lowlevel.wait_readable(fd)
-                waited = True
-                continue
-            try:
-                chunk = os.read(fd, RECEIVE_BYTES)
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(fd)
-                waited = True
-                continue
-            except OSError as exc:
-                if exc.errno == errno.EBADF:
-                    raise trio.ClosedResourceError("stdout was closed") from None
-                raise trio.BrokenResourceError from exc
-            self._drained = len(chunk) < RECEIVE_BYTES
-            if not waited:
-                await trio.lowlevel.checkpoint()
-            return chunk
+            await trio.lowlevel.wait_readable(fd)
+            waited = True
 
     async def _read(self, on_line: OnLine) -> None:
         position = self.start  # offset of the next byte to arrive
