@@ -37,7 +37,6 @@ from t3d.domain.events import CaptureCheckpoint, Effect
 from t3d.effects import EffectQueue, run_effects
 from t3d.errors import WriterLostError
 from t3d.gc_tuning import GcPauses
-from t3d.heap_trim import HeapTrims, run_heap_trimmer
 from t3d.git.service import Checkpoints
 from t3d.git.workspaces import WorkspaceStatuses
 from t3d.health import health_report
@@ -155,7 +154,6 @@ async def _run_daemon(
             store.on_commit(tally.on_commit)
             monitor = LoopMonitor(stall_threshold_s=settings.loop_stall_threshold)
             transport = TransportStats()
-            heap_trims = HeapTrims()
             bound: list[int] = [settings.port]
 
             # Read at shutdown. A reattach window of 0 means agents go with their daemon.
@@ -226,7 +224,6 @@ async def _run_daemon(
                     report["retention"] = pruner.statistics()
                     report["workspace_status"] = statuses.statistics() if statuses is not None else None
                     report["gc"] = gc_pauses.statistics()
-                    report["heap_trim"] = heap_trims.statistics()
                     report["live"] = app.live_statistics()
                     report["memory_pressure"] = memory = pressure.statistics()
                     if memory["level"] == "severe":
@@ -238,7 +235,6 @@ async def _run_daemon(
                     await nursery.start(monitor.run)
                 await nursery.start(admission.run)
                 await nursery.start(run_pressure_sampler, pressure)
-                await nursery.start(run_heap_trimmer, heap_trims)
                 await nursery.start(run_effects, store, effects, admission.dispatch)
                 await nursery.start(observer.spawner.run)
                 if statuses is not None:

@@ -21,10 +21,6 @@ arenas. Blocks that large are rare here (a large provider line, a large item's b
 large snapshot), so the extra mmap/munmap per block costs nothing measurable. Not on
 glibc (no ``mallopt``) it does nothing; ``MALLOC_MMAP_THRESHOLD_`` or
 ``MALLOC_ARENA_MAX`` in the environment leaves that setting to it.
-
-glibc gives a heap's free memory back to the OS only from the heap's top; free chunks
-below a block still in use stay resident. `trim_heap` (``malloc_trim(0)``) gives back
-every whole free page inside every arena (t3d/heap_trim.py calls it periodically).
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from typing import Any
 
 MMAP_THRESHOLD = 1 << 20
 ARENA_MAX = 2
@@ -40,21 +35,14 @@ _M_MMAP_THRESHOLD = -3  # glibc's <malloc.h>
 _M_ARENA_MAX = -8
 
 
-def _glibc_function(name: str) -> Any:
-    """glibc's function ``name`` (None off Linux, or where the C library has none)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return getattr(ctypes.CDLL(None), name)
-    except (OSError, AttributeError):
-        return None
-
-
 def tune_malloc() -> tuple[str, ...]:
     """Fix glibc's mmap threshold at `MMAP_THRESHOLD` and cap its arenas at `ARENA_MAX`;
     the environment variables of the settings it made (none off glibc)."""
-    mallopt = _glibc_function("mallopt")
-    if mallopt is None:
+    if not sys.platform.startswith("linux"):
+        return ()
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
         return ()
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
@@ -65,14 +53,3 @@ def tune_malloc() -> tuple[str, ...]:
     return tuple(
         name for name, option, value in settings if name not in os.environ and mallopt(option, value)
     )
-
-
-def trim_heap() -> bool | None:
-    """Give every whole free page inside glibc's heaps back to the OS: whether there were
-    any (None off glibc). Holds each arena's lock while it walks that arena."""
-    malloc_trim = _glibc_function("malloc_trim")
-    if malloc_trim is None:
-        return None
-    malloc_trim.argtypes = (ctypes.c_size_t,)
-    malloc_trim.restype = ctypes.c_int
-    return bool(malloc_trim(0))
