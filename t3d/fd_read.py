@@ -5,8 +5,9 @@ a large allocation per read.
 call, even when the descriptor is empty (then it is freed at once), and shrink it to what
 arrived afterwards. With ``n`` at 64 KiB, under the mmap threshold, every read takes a
 block that size from the C heap and gives most of it back, hundreds of times a second at
-PRIMARY 250; the small objects that settle into the returned tails keep the next 64 KiB
-block from fitting, and the heap grows in free chunks that are never returned to the OS.
+PRIMARY 250, among blocks that live longer. After a start on a cold page cache, PRIMARY
+250's RSS grew 86 -> 97 MiB in ten minutes so; with these reads it stayed at 74-77 MiB
+(docs/benchmarks.md, round 6).
 
 `read_now` reads instead into one reusable buffer per trio run and copies out only the
 bytes that arrived. The buffer is shared by every reader of the run: that is safe because
