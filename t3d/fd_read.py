@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 
 import trio
 
@@ -41,31 +42,37 @@ def read_now(fd: int, max_bytes: int = READ_BYTES) -> bytes:
         _BUFFER.set(buffer)
     try:
         size = os.readv(fd, (buffer[: min(max_bytes, READ_BYTES)],))
+    except BlockingIOError:
+        raise
     except OSError as exc:
-        if isinstance(exc, BlockingIOError):
-            raise
         if exc.errno == errno.EBADF:
             raise trio.ClosedResourceError("the descriptor was closed") from None
         raise trio.BrokenResourceError(str(exc)) from exc
     return bytes(buffer[:size])
 
 
-async def receive_some(stream: trio.SocketStream, max_bytes: int = READ_BYTES) -> bytes:
-    """``stream.receive_some(max_bytes)`` through `read_now`: the next bytes from the
-    socket (b"" once the peer has closed its side), waiting for them if none are there.
-    As trio's own, a cancelled caller reads nothing, and bytes read are never lost to a
-    cancellation after the read."""
+async def receive_some(fileno: Callable[[], int], max_bytes: int = READ_BYTES, *, wait_first: bool = False) -> bytes:
+    """A trio stream's ``receive_some(max_bytes)`` through `read_now`, for the descriptor
+    ``fileno()`` returns (-1 once closed, never a reused one): the next bytes (b"" at
+    EOF), waiting for them if none are there. ``wait_first``: the caller knows it is
+    empty (its last read took less than it asked for), so it waits before reading, one
+    failing system call fewer. As trio's own, a cancelled caller reads nothing, and bytes
+    read are never lost to a cancellation after the read; a read that did not wait still
+    yields once."""
     await trio.lowlevel.checkpoint_if_cancelled()
     waited = False
     while True:
-        fd = stream.socket.fileno()
-        try:
-            data = read_now(fd, max_bytes)
-        except BlockingIOError:
-            pass
-        else:
-            if not waited:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
+        fd = fileno()
+        if waited or not wait_first:
+            try:
+                data = read_now(fd, max_bytes)
+            except BlockingIOError:
+                pass
+            else:
+                if not waited:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
+        elif fd == -1:
+            raise trio.ClosedResourceError("the descriptor was closed")
         await trio.lowlevel.wait_readable(fd)
         waited = True

@@ -517,10 +517,10 @@ class _Connection:
             # checks its size only when it needs more data, so reading at most
             # one byte past the cap makes its 431 exact.
             room = self._limits.max_header_bytes + 1 - len(self._head_bytes)
-            data = await receive_some(self._stream, max(1, room))
+            data = await receive_some(self._stream.socket.fileno, max(1, room))
             self._head_bytes += data
         else:
-            data = await receive_some(self._stream)
+            data = await receive_some(self._stream.socket.fileno)
         self._h11.receive_data(data)
 
     def _bad_request(self, exc: h11.RemoteProtocolError) -> HttpResponse:
@@ -558,7 +558,7 @@ class _Connection:
         request is answered without watching.
         """
         try:
-            data = await receive_some(self._stream)
+            data = await receive_some(self._stream.socket.fileno)
         except trio.BrokenResourceError:
             return
         self._h11.receive_data(data)
@@ -608,7 +608,7 @@ class _Connection:
         """Half-close, then drain the peer's leftovers briefly so it reads our last response."""
         with trio.move_on_after(_LINGER_S):
             await self._stream.send_eof()
-            while await receive_some(self._stream):
+            while await receive_some(self._stream.socket.fileno):
                 pass
 
 

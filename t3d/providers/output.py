@@ -21,7 +21,7 @@ Rules:
   After a read that took less than it asked for (the pipe is empty), the next
   waits first instead of trying a read that fails (one system call fewer per
   line). A read that did not wait yields once first, so a provider that never
-  stops writing cannot hold the loop. Reads go through `t3d.fd_read.read_now`: no
+  stops writing cannot hold the loop. Reads go through `t3d.fd_read.receive_some`: no
   64 KiB allocation per read.
 """
 
@@ -31,7 +31,7 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from t3d.fd_read import READ_BYTES, read_now
+from t3d.fd_read import READ_BYTES, receive_some
 from t3d.providers.lines import DEFAULT_MAX_LINE, LineBuffer, LineTooLong
 from t3d.spawn.child import Child
 
@@ -82,23 +82,9 @@ class ProviderOutput:
         stdout = self._child.stdout
         if not isinstance(stdout, trio.lowlevel.FdStream):
             return bytes(await stdout.receive_some(READ_BYTES))
-        waited = False
-        while True:
-            fd = stdout.fileno()  # -1 once closed (never a reused descriptor)
-            if waited or not self._drained:  # else the last read emptied the pipe: wait first
-                try:
-                    chunk = read_now(fd)
-                except BlockingIOError:
-                    pass
-                else:
-                    self._drained = len(chunk) < READ_BYTES
-                    if not waited:
-                        await trio.lowlevel.checkpoint()
-                    return chunk
-            if fd == -1:
-                raise trio.ClosedResourceError("stdout was closed")
-            await trio.lowlevel.wait_readable(fd)
-            waited = True
+        chunk = await receive_some(stdout.fileno, wait_first=self._drained)
+        self._drained = len(chunk) < READ_BYTES
+        return chunk
 
     async def _read(self, on_line: OnLine) -> None:
         position = self.start  # offset of the next byte to arrive
