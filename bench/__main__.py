@@ -93,26 +93,40 @@ def machine() -> dict[str, Any]:
     }  # fmt: skip
 
 
-def code_version() -> str:
-    """The commit the daemon ran from, and whether the work tree had changes on top."""
+def code_version(root: Path = REPO) -> str:
+    """The commit of the checkout at ``root``, and whether its work tree had changes on top."""
     try:
         head = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],
             capture_output=True,
             text=True,
             check=True,
-            cwd=REPO,
+            cwd=root,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--", "t3d", "spawner"],
             capture_output=True,
             text=True,
             check=True,
-            cwd=REPO,
+            cwd=root,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return head + (" with uncommitted changes in t3d/ or spawner/" if dirty else "")
+
+
+def daemon_code(env: dict[str, str]) -> str:
+    """Which ``t3d`` a daemon started with ``env`` (``--env``/``--compare``, e.g. a
+    PYTHONPATH naming a worktree) runs: its checkout and commit. The daemon runs from its
+    state dir, so the bench's own directory never shadows a PYTHONPATH."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import os, t3d; print(os.path.dirname(os.path.dirname(os.path.abspath(t3d.__file__))))"],
+        capture_output=True, text=True, cwd="/", env={**os.environ, **env},
+    )  # fmt: skip
+    if probe.returncode != 0:
+        raise SystemExit(f"the daemon could not import t3d with {env}: {probe.stderr.strip()}")
+    root = Path(probe.stdout.strip())
+    return f"{root} at {code_version(root)}"
 
 
 def pin_sets(pin: bool) -> tuple[str | None, str | None]:
@@ -300,7 +314,10 @@ def command_run(args: argparse.Namespace) -> int:
         "command": shlex.join(["python", "-m", "bench", *sys.argv[1:]]),
         "started_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "machine": machine(), "code": code_version(),
         "window_s": specs[0].window_s, "warmup_s": specs[0].warmup_s, "runs_per_config": args.runs,
-        "configs": described_configurations(args),
+        "configs": {
+            name: {**shown, "t3d": daemon_code(env)}
+            for (name, shown), env in zip(described_configurations(args).items(), configurations(args).values(), strict=True)
+        },
         "restart": None if args.restart_every is None else {"every_s": args.restart_every, "signal": args.restart_signal},
         "provider": provider,
         "fixture": {

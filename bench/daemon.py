@@ -146,7 +146,7 @@ async def open_daemon(
     await trio.to_thread.run_sync(compile_bytecode)
     with log.open("wb") as log_file:
         process = await trio.lowlevel.open_process(
-            argv, stdout=log_file, stderr=subprocess.STDOUT, env=env
+            argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=state.root
         )
     daemon = RunningDaemon(process, port, "", state, log, argv=argv, env=env)
     try:
@@ -162,7 +162,7 @@ async def restart_process(daemon: RunningDaemon) -> None:
     """Start `t3d serve` again as before (the old process has ended); wait until it serves."""
     with daemon.log.open("ab") as log_file:
         daemon.process = await trio.lowlevel.open_process(
-            daemon.argv, stdout=log_file, stderr=subprocess.STDOUT, env=daemon.env
+            daemon.argv, stdout=log_file, stderr=subprocess.STDOUT, env=daemon.env, cwd=daemon.state.root
         )
     await _wait_ready(daemon)
 

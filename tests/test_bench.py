@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ import trio
 from harness import REPO, new_thread, open_client, run_turn, start_daemon
 
 from bench import codex_fixture, fixture, procfs, report
-from bench.__main__ import configurations, parse_compare, parse_sessions
-from bench.daemon import daemon_env, prepare_state
+from bench.__main__ import configurations, daemon_code, parse_compare, parse_sessions
+from bench.daemon import daemon_env, open_daemon, prepare_state
 from bench.figures import BURST_FIGURES, STEADY_FIGURES
 from bench.prober import lag_of
 from bench.profiles import PROFILES, physical_limit, session_providers, start_offsets
@@ -169,6 +170,31 @@ def test_the_daemon_gets_only_the_configured_settings(
     if state.git_log is not None:  # git processes are counted through a shim first on PATH
         assert env["PATH"].startswith(str(state.root / "bench-bin"))
         assert (state.project / ".git").is_dir()
+
+
+def test_a_pythonpath_in_the_settings_decides_which_t3d_the_daemon_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--compare 'PYTHONPATH=<worktree>'` compares two checkouts only if the bench's own
+    directory (this checkout, where ``python -m`` would look first) does not shadow it:
+    the report names the checkout each configuration ran, from where the daemon runs."""
+    other = tmp_path / "worktree"
+    (other / "t3d").mkdir(parents=True)
+    (other / "t3d" / "__init__.py").write_text("")
+    monkeypatch.chdir(REPO)
+    assert daemon_code({}).startswith(f"{REPO} at ")
+    assert daemon_code({"PYTHONPATH": str(other)}) == f"{other} at unknown (not a git checkout)"
+
+
+async def test_the_bench_starts_the_daemon_in_its_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not in the bench's directory: there ``python -m t3d`` would import this checkout's
+    t3d (and the spawner this checkout's spawner) ahead of a PYTHONPATH naming another."""
+    monkeypatch.chdir(REPO)
+    state = prepare_state(tmp_path / "state", None)
+    fixture_file = fixture.fixture_path("claude-2.1.197_bench_burst")
+    with trio.fail_after(60):
+        async with open_daemon(state, fixture_file, {}, tmp_path / "daemon.log") as daemon:
+            assert os.readlink(f"/proc/{daemon.process.pid}/cwd") == str(state.root)
 
 
 # --- /proc parsing ---------------------------------------------------------------------
