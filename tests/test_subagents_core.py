@@ -87,3 +87,31 @@ def test_a_foreground_subagents_task_lines_make_no_task_items() -> None:
             assert started is None
     assert tasks.feed(ce.TaskProgress("task-2", "toolu_2", "More", "Read", {}), "u").items == ()
     assert [i.data["task_id"] for i in tasks.running()] == ["task-3"]  # type: ignore[index]
+
+
+def test_a_turns_end_forgets_the_tool_calls_no_later_line_can_name() -> None:
+    """Plain calls are forgotten when their turn ends (before, each session kept its last
+    MAX_TOOLS = 1,024 calls: 256,000 at 250 sessions after a day), while what a later line
+    still needs stays: a background call, a call that started a task, and a background
+    subagent's own calls, whose tasks land in the turn of the subagent's call."""
+    tasks = TaskTracker("t", _clock)
+    for turn in range(2000):
+        for n in range(3):
+            tasks.see_tool(f"turn-{turn}", _call(f"toolu_{turn}_{n}", name="Read"), None)
+        tasks.forget_settled_calls()
+    assert tasks.tool("toolu_1999_2") is None and tasks.tool("toolu_0_0") is None
+
+    tasks.see_tool("u1", _call("toolu_bash", name="Bash", run_in_background=True), None)
+    tasks.see_tool("u1", _call("toolu_monitor", name="Monitor"), None)
+    tasks.feed(ce.TaskStarted("task-m", "toolu_monitor", "monitor", "Watch it", None, None), "u1")
+    tasks.see_tool("u1", _call("toolu_agent", run_in_background=True), None)
+    tasks.see_tool("u1", _call("toolu_inner", name="Bash", command="ls"), "toolu_agent")
+    tasks.see_tool("u1", _call("toolu_plain", name="Read"), None)
+    tasks.forget_settled_calls()
+    assert {name: tasks.tool(name) is not None for name in ("toolu_bash", "toolu_monitor", "toolu_agent", "toolu_inner", "toolu_plain")} == {
+        "toolu_bash": True, "toolu_monitor": True, "toolu_agent": True, "toolu_inner": True, "toolu_plain": False,
+    }  # fmt: skip
+    # The subagent's call, seen after the turn ended, still belongs to the turn of its Agent call.
+    tasks.see_tool("u2", _call("toolu_inner2", name="Bash", run_in_background=True), "toolu_agent")
+    started = tasks.feed(ce.TaskStarted("task-i", "toolu_inner2", "local_bash", "ls", None, None), "u2")
+    assert [i.turn_id for i in started.items] == ["u1"]

@@ -650,6 +650,7 @@ class ClaudeSession(ResumeAfterRestart, BackgroundWork):
             self._turn = None
         self._idle_since = trio.current_time()
         self._requests.clear()
+        self._tasks.forget_settled_calls()
         self._subagents.reset()
         self._progressed.clear()
         self._items.reset()

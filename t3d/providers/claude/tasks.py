@@ -21,6 +21,11 @@ Rules:
 - A task line naming a task never started here (lost across a restart, or a CLI bug) still
   becomes an item, in the turn of its tool call if that is known, else the current or last
   turn, with a note saying so; with no turn at all it is only reported.
+- A turn's end forgets the tool calls no later line can need (`forget_settled_calls`):
+  all but those run in the background, those that started a task, and the calls made
+  inside a kept one (a background subagent's). Before, every call stayed until
+  `MAX_TOOLS` newer ones pushed it out: at 1.5 calls a turn, 250 sessions held 256,000
+  of them after a day.
 - Bounded: `MAX_TASKS` tasks and `MAX_TOOLS` tool calls (the oldest forgotten first),
   `OUTPUT_CHARS` of output per task, `MAX_WAKE_TASKS` notifications per wake.
 """
@@ -113,6 +118,15 @@ class TaskTracker:
             self._mark_foreground(started.task_id)
             return None
         return self._started(started, turn)
+
+    def forget_settled_calls(self) -> None:
+        """The session's turn ended: keep only the tool calls a later line may still name
+        (a task's start or notification, a background subagent's own calls)."""
+        kept: OrderedDict[str, ToolCall] = OrderedDict()
+        for tool_use_id, call in self._tools.items():  # a parent before the calls made in it
+            if call.background or tool_use_id in self._by_tool or (call.parent_tool_use_id in kept):
+                kept[tool_use_id] = call
+        self._tools = kept
 
     def _mark_foreground(self, task_id: str) -> None:
         self._foreground[task_id] = None
