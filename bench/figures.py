@@ -35,6 +35,7 @@ STEADY_FIGURES = (
     "providers_cpu_s", "machine_busy_pct", "events_per_s", "git_per_turn", "limit", "turns_per_limit",
     "gate_closed_pct", "daemon_child_processes", "turn_p50_per_fixture", "providers_rss_per_session_mib",
     "daemon_cpu_ms_per_turn", "daemon_cpu_ms_per_kline", "spawner_cpu_ms_per_turn",
+    "daemon_loop_cpu_ms_per_turn", "daemon_writer_cpu_ms_per_turn", "daemon_kernel_cpu_pct",
 )  # fmt: skip
 STEADY_EXTRAS = (
     "turns_failed", "turns_in_flight", "health_failures", "providers_peak",
@@ -218,6 +219,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     fig["providers_cpu_s"] = _cpu(window_samples, "providers_cpu")
     fig["machine_busy_pct"] = _busy(window_samples)
     _cpu_per_turn(fig, missing, len(done), i.lines_per_turn)
+    _daemon_cpu_split(window_samples, fig, missing, len(done))
     if i.sequence_span is None:
         fig["events_per_s"] = None
         missing["events_per_s"] = (
@@ -285,6 +287,20 @@ def _cpu_per_turn(fig: dict[str, Any], missing: dict[str, str], turns: int, line
             for figure in names:
                 if figure.startswith(name):
                     missing[figure] = f"the {name}'s CPU was not sampled at both ends of the window"
+
+
+def _daemon_cpu_split(samples: Sequence[Sample], fig: dict[str, Any], missing: dict[str, str], turns: int) -> None:
+    """Where the daemon's CPU in the window went: its loop's thread and its writer thread per
+    turn completed, and the share spent in the kernel (system calls, wake-ups)."""
+    for name, field in (("daemon_loop_cpu_ms_per_turn", "daemon_loop_cpu"), ("daemon_writer_cpu_ms_per_turn", "daemon_writer_cpu")):
+        cpu = _cpu(samples, field)
+        fig[name] = None if cpu is None or not turns else cpu * 1000 / turns
+        if fig[name] is None:
+            missing[name] = "no turn completed in the window" if not turns else "the thread was not sampled at both ends of the window"
+    kernel, total = _cpu(samples, "daemon_kernel_cpu"), fig.get("daemon_cpu_s")
+    fig["daemon_kernel_cpu_pct"] = None if kernel is None else ratio(kernel * 100, total)
+    if fig["daemon_kernel_cpu_pct"] is None:
+        missing["daemon_kernel_cpu_pct"] = "the daemon's CPU was not sampled at both ends of the window"
 
 
 def _scrapes(scrapes: Sequence[Sequence[Any]] | None, start: float, end: float, fig: dict[str, Any], missing: dict[str, str]) -> None:

@@ -44,6 +44,12 @@ def parse_stat(text: str) -> tuple[int, float, int]:
     return ppid, (utime + stime) / CLOCK_TICKS, start
 
 
+def parse_stat_split(text: str) -> tuple[float, float]:
+    """(user, kernel) CPU seconds from /proc/PID/stat or /proc/PID/task/TID/stat."""
+    rest = text[text.rindex(")") + 2 :].split()
+    return int(rest[11]) / CLOCK_TICKS, int(rest[12]) / CLOCK_TICKS
+
+
 def parse_statm_rss_bytes(text: str) -> int:
     return int(text.split()[1]) * PAGE_BYTES
 
@@ -88,6 +94,21 @@ def pss_mib(pid: int) -> float | None:
 def cpu_s(pid: int) -> float | None:
     text = _read(PROC / str(pid) / "stat")
     return None if text is None else parse_stat(text)[1]
+
+
+def cpu_split_s(pid: int, tid: int | None = None) -> tuple[float, float] | None:
+    """(user, kernel) CPU seconds of process ``pid``, or of its thread ``tid``."""
+    text = _read(PROC / str(pid) / "stat") if tid is None else _read(PROC / str(pid) / "task" / str(tid) / "stat")
+    return None if text is None else parse_stat_split(text)
+
+
+def thread_named(pid: int, name: str) -> int | None:
+    """The id of the first thread of ``pid`` whose name (``comm``) is ``name``."""
+    try:
+        tids = sorted(int(t) for t in os.listdir(PROC / str(pid) / "task"))
+    except OSError:
+        return None
+    return next((tid for tid in tids if (_read(PROC / str(pid) / "task" / str(tid) / "comm") or "").strip() == name), None)
 
 
 def start_ticks(pid: int) -> int | None:

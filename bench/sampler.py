@@ -8,7 +8,8 @@ its socket path until found (it may start after the daemon, or restart); when it
 found it is reported absent, not as 0. Every provider process seen is remembered (pid and
 start time) so the coordinator can check that none outlives the daemon, and so is every
 direct child of the daemon other than the spawner (processes the daemon created itself;
-one that lives less than a sample period can be missed).
+one that lives less than a sample period can be missed). The daemon's CPU is also read
+split: its kernel time, its loop's thread and its writer thread (found by name).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import attrs
 import trio
 
 from bench import procfs
+
+WRITER_THREAD = "t3d-writer"  # the name t3d.store.writer gives its thread
 
 
 @attrs.frozen
@@ -46,6 +49,11 @@ class Sample:
     # The item snapshots still holding a payload in the log (not compacted), in MiB, read
     # every ``snapshot_log_s`` (None between readings, and without --snapshot-log).
     snapshot_log_mib: float | None = None
+    # The daemon's CPU seconds in the kernel, and those of its loop's thread and of its
+    # writer thread (user + kernel each): where `daemon_cpu` goes.
+    daemon_kernel_cpu: float | None = None
+    daemon_loop_cpu: float | None = None
+    daemon_writer_cpu: float | None = None
 
 
 @attrs.define
@@ -63,6 +71,21 @@ class Sampler:
     # Processes the daemon itself started (its direct children), the spawner aside.
     daemon_children_seen: set[procfs.ProcessId] = attrs.field(factory=set)
     _next_snapshot_log: float = 0.0
+    _writer: tuple[int, int | None] | None = None  # (daemon pid, its writer thread's id)
+
+    def _daemon_threads(self) -> dict[str, float | None]:
+        """The daemon's kernel CPU, and its loop's and writer's threads' CPU (None: not
+        found, e.g. before the writer started)."""
+        pid = self.daemon_pid
+        if self._writer is None or self._writer[0] != pid or self._writer[1] is None:
+            self._writer = (pid, procfs.thread_named(pid, WRITER_THREAD))
+        process, loop = procfs.cpu_split_s(pid), procfs.cpu_split_s(pid, pid)
+        writer = procfs.cpu_split_s(pid, self._writer[1]) if self._writer[1] is not None else None
+        return {
+            "daemon_kernel_cpu": process[1] if process else None,
+            "daemon_loop_cpu": sum(loop) if loop else None,
+            "daemon_writer_cpu": sum(writer) if writer else None,
+        }
 
     def sample_once(self) -> Sample:
         if self.spawner is None or not self.spawner.alive():
@@ -112,6 +135,7 @@ class Sampler:
             db_mib=_file_mib(self.db_path),
             wal_mib=_file_mib(f"{self.db_path}-wal" if self.db_path else None),
             snapshot_log_mib=snapshot_log,
+            **self._daemon_threads(),
         )
         self.samples.append(sample)
         return sample

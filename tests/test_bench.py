@@ -204,6 +204,7 @@ def test_proc_parsers() -> None:
     stat = "42 (we (ird) name) S 7 " + " ".join(["0"] * 9) + " 250 150 0 0 0 0 0 0 99 0"
     ppid, cpu, start = procfs.parse_stat(stat)
     assert (ppid, start) == (7, 99) and cpu == pytest.approx(400 / procfs.CLOCK_TICKS)
+    assert procfs.parse_stat_split(stat) == pytest.approx((250 / procfs.CLOCK_TICKS, 150 / procfs.CLOCK_TICKS))
     assert procfs.parse_status_kib("Name:\tx\nVmRSS:\t  2048 kB\n", "VmRSS") == 2048
     assert procfs.parse_status_kib("Name:\tx\n", "VmRSS") is None
     assert procfs.parse_statm_rss_bytes("100 25 3 1 0 5 0") == 25 * procfs.PAGE_BYTES
@@ -365,6 +366,13 @@ async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path:
     # small smoke database), by the checkpointer thread while they are slow.
     assert run["figures"]["wal_checkpoints"] + run["figures"]["wal_checkpoints_on_writer"] > 0
     assert len((out / f"{label}.turns.csv").read_text().splitlines()) > 1
+    # The daemon's CPU split: its loop's thread and its writer thread (found by their OS
+    # names) are parts of it, and some of it is the kernel's.
+    figures = run["figures"]
+    assert figures["daemon_loop_cpu_ms_per_turn"] > 0 and figures["daemon_writer_cpu_ms_per_turn"] > 0
+    threads_s = (figures["daemon_loop_cpu_ms_per_turn"] + figures["daemon_writer_cpu_ms_per_turn"]) * figures["turns_completed"] / 1000
+    assert threads_s <= figures["daemon_cpu_s"] + 0.05  # read a moment apart: a few clock ticks
+    assert 0 < figures["daemon_kernel_cpu_pct"] < 100
     text = (out / "report.md").read_text()
     assert "turns ÷ limit" in text and label in text
     assert not list(out.glob("state-*")), "the run's state dir is removed"

@@ -48,6 +48,8 @@ from collections.abc import Callable
 import apsw
 import trio
 
+from t3d.os_thread_name import name_this_thread
+
 log = logging.getLogger("t3d.store")
 
 WAL_PAGES = 1000  # SQLite's own auto-checkpoint mark (~4 MiB of 4 KiB pages)
@@ -72,7 +74,7 @@ class Checkpointer:
         self._wake = threading.Event()
         self._stopping = False
         self._running = False
-        self._thread = threading.Thread(target=self._main, name="t3d-checkpointer", daemon=True)
+        self._thread = threading.Thread(target=self._main, name="t3d-checkpoint", daemon=True)
         # Writer thread only (the hook's state): the WAL's pages at the last commit, and
         # the pages at which the next wake is due.
         self._seen = 0
@@ -154,6 +156,7 @@ class Checkpointer:
     # --- checkpointer thread ---------------------------------------------------
 
     def _main(self) -> None:
+        name_this_thread(threading.current_thread().name)  # top -H, and the bench, tell it apart
         conn: apsw.Connection | None = None
         last = 0  # the WAL's frames in the database after the last checkpoint
         try:

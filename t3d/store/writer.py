@@ -65,6 +65,7 @@ import trio
 
 from t3d import waits
 from t3d.errors import DatabaseUnavailableError, StoreError, WriterClosedError
+from t3d.os_thread_name import name_this_thread
 from t3d.store import availability
 from t3d.store.jobs import BatchableJob, Job, JoinableJob, Pending, Transaction
 
@@ -242,6 +243,7 @@ class WriterThread:
     # --- thread side -----------------------------------------------------------
 
     def _main(self) -> None:
+        name_this_thread(threading.current_thread().name)  # top -H, and the bench, tell it apart
         error: BaseException | None = None
         try:
             try:
