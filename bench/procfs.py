@@ -36,17 +36,22 @@ def parse_status_kib(text: str, field: str) -> int | None:
     return None
 
 
+def _stat_fields(text: str) -> list[str]:
+    """The fields of a /proc stat line after the command name, which is in parentheses
+    and may hold spaces or parentheses itself."""
+    return text[text.rindex(")") + 2 :].split()
+
+
 def parse_stat(text: str) -> tuple[int, float, int]:
     """(ppid, CPU seconds = utime + stime, start time in ticks) from /proc/PID/stat."""
-    # The command name is in parentheses and may hold spaces or parentheses itself.
-    rest = text[text.rindex(")") + 2 :].split()
+    rest = _stat_fields(text)
     ppid, utime, stime, start = int(rest[1]), int(rest[11]), int(rest[12]), int(rest[19])
     return ppid, (utime + stime) / CLOCK_TICKS, start
 
 
 def parse_stat_split(text: str) -> tuple[float, float]:
     """(user, kernel) CPU seconds from /proc/PID/stat or /proc/PID/task/TID/stat."""
-    rest = text[text.rindex(")") + 2 :].split()
+    rest = _stat_fields(text)
     return int(rest[11]) / CLOCK_TICKS, int(rest[12]) / CLOCK_TICKS
 
 
