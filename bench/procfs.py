@@ -97,8 +97,8 @@ def pss_mib(pid: int) -> float | None:
 
 
 def cpu_s(pid: int) -> float | None:
-    text = _read(PROC / str(pid) / "stat")
-    return None if text is None else parse_stat(text)[1]
+    split = cpu_split_s(pid)
+    return None if split is None else sum(split)
 
 
 def cpu_split_s(pid: int, tid: int | None = None) -> tuple[float, float] | None:

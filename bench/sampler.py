@@ -73,15 +73,16 @@ class Sampler:
     _next_snapshot_log: float = 0.0
     _writer: tuple[int, int | None] | None = None  # (daemon pid, its writer thread's id)
 
-    def _daemon_threads(self) -> dict[str, float | None]:
-        """The daemon's kernel CPU, and its loop's and writer's threads' CPU (None: not
-        found, e.g. before the writer started)."""
+    def _daemon_cpu(self) -> dict[str, float | None]:
+        """The daemon's CPU, its kernel part, and its loop's and writer's threads' CPU (None:
+        not found, e.g. before the writer started); the process's stat is read once."""
         pid = self.daemon_pid
         if self._writer is None or self._writer[0] != pid or self._writer[1] is None:
             self._writer = (pid, procfs.thread_named(pid, WRITER_THREAD))
         process, loop = procfs.cpu_split_s(pid), procfs.cpu_split_s(pid, pid)
         writer = procfs.cpu_split_s(pid, self._writer[1]) if self._writer[1] is not None else None
         return {
+            "daemon_cpu": sum(process) if process else None,
             "daemon_kernel_cpu": process[1] if process else None,
             "daemon_loop_cpu": sum(loop) if loop else None,
             "daemon_writer_cpu": sum(writer) if writer else None,
@@ -121,7 +122,6 @@ class Sampler:
             t=now,
             daemon_rss=procfs.rss_mib(self.daemon_pid),
             daemon_pss=procfs.pss_mib(self.daemon_pid),
-            daemon_cpu=procfs.cpu_s(self.daemon_pid),
             spawner_rss=procfs.rss_mib(spawner) if spawner else None,
             spawner_pss=procfs.pss_mib(spawner) if spawner else None,
             spawner_cpu=procfs.cpu_s(spawner) if spawner else None,
@@ -135,7 +135,7 @@ class Sampler:
             db_mib=_file_mib(self.db_path),
             wal_mib=_file_mib(f"{self.db_path}-wal" if self.db_path else None),
             snapshot_log_mib=snapshot_log,
-            **self._daemon_threads(),
+            **self._daemon_cpu(),
         )
         self.samples.append(sample)
         return sample

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 
 _PR_SET_NAME = 15  # <linux/prctl.h>
 NAME_BYTES = 15
 
 
-def name_this_thread(name: str) -> None:
-    """Give the calling OS thread ``name`` (cut to `NAME_BYTES`); nothing where it cannot."""
+def name_this_thread(name: str | None = None) -> None:
+    """Give the calling OS thread ``name`` (by default its Python name; cut to
+    `NAME_BYTES`); nothing where it cannot."""
+    if name is None:
+        name = threading.current_thread().name
     if not sys.platform.startswith("linux"):
         return
     try:

@@ -156,7 +156,7 @@ class Checkpointer:
     # --- checkpointer thread ---------------------------------------------------
 
     def _main(self) -> None:
-        name_this_thread(threading.current_thread().name)  # top -H, and the bench, tell it apart
+        name_this_thread()  # top -H, and the bench, tell it apart
         conn: apsw.Connection | None = None
         last = 0  # the WAL's frames in the database after the last checkpoint
         try:

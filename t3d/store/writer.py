@@ -243,7 +243,7 @@ class WriterThread:
     # --- thread side -----------------------------------------------------------
 
     def _main(self) -> None:
-        name_this_thread(threading.current_thread().name)  # top -H, and the bench, tell it apart
+        name_this_thread()  # top -H, and the bench, tell it apart
         error: BaseException | None = None
         try:
             try:
