@@ -237,6 +237,43 @@ async def test_requests_pending_before_the_index_existed_are_found_by_its_first_
             assert [r["id"] for r in reply["requests"]] == ["r2"]
 
 
+async def test_requests_pending_answers_from_memory_what_a_read_of_the_database_finds(tmp_path: Path) -> None:
+    """requests.pending (and GET /api/requests/pending) answers from the long-poll index when
+    it holds every pending request's wire JSON: the same list, in the same order, with the
+    same summarized large fields (one over the store-once size among them), as a read of
+    the database, for every thread or one; a registry that has only read them (a second
+    Methods, as after a start) reads them for it."""
+    with trio.fail_after(30):
+        async with serve_app(tmp_path / "state") as served:
+            methods, reader = served.app.methods, served.app.bases
+            for thread_id in ("t", "u"):
+                await open_thread(served, tmp_path, thread_id)
+            await open_request(served, "t", "r1")
+            item = TurnItem("r2-item", "u", "", 0, "approval_request", "pending", "Write", None, None, 0.0)
+            large = {"tool_name": "Write", "input": {"content": "x" * (1 << 21)}}
+            await served.store.execute(c.OpenRequest("u-turn", "r2", "permission", item, large))
+            await open_request(served, "t", "r3")
+            await served.store.execute(c.RespondToRequest("r1", "allow"))
+
+            async def both(thread_id: str | None) -> tuple[Any, Any]:
+                listed = await methods.call("requests.pending", {"thread_id": thread_id})
+                read = await reader.pending_requests_json(thread_id)
+                return orjson.loads(orjson.dumps(listed))["requests"], orjson.loads(orjson.dumps(read))
+
+            for thread_id in (None, "t", "u"):
+                listed, read = await both(thread_id)  # the first call seeds the index
+                assert listed == read and listed
+                assert methods.waiters.pending_wires(thread_id) is not None  # answered from memory
+            assert [r["id"] for r in (await both(None))[0]] == ["r2", "r3"]
+            assert len(orjson.dumps((await both("u"))[0])) < 100_000  # the large field summarized
+            status, body = await http(served, "GET", "/api/requests/pending?thread_id=t")
+            assert status == 200 and body["requests"] == (await both("t"))[1]
+
+            late = Methods(served.store)
+            listed = orjson.loads(orjson.dumps(await late.call("requests.pending", {})))["requests"]
+            assert late.waiters.pending_wires(None) is None and listed == (await both(None))[1]
+
+
 # --- nothing outlives a client that hangs up ------------------------------------------------
 
 DISCONNECTS = int(os.environ.get("T3D_TEST_WAIT_DISCONNECTS", "1000"))

@@ -50,6 +50,9 @@ HOST = "127.0.0.1"
 TRUSTED = ("authorization", "let-me-in")
 
 
+PART_BYTES = 64 * 1024
+
+
 class FakeApp:
     """Echoes what it is given; a few paths misbehave on purpose.
 
@@ -66,7 +69,7 @@ class FakeApp:
         trusted = request.headers.get(TRUSTED[0]) == TRUSTED[1]
         if request.path.startswith("/private") and not trusted:
             return HeadCheck(refusal=error_response(401, "unauthorized", "send the header"))
-        return HeadCheck(trusted=trusted)
+        return HeadCheck(trusted=trusted, watch=not request.path.startswith("/quick"))
 
     async def handle_http(self, request: HttpRequest) -> HttpResponse:
         if request.path == "/boom":
@@ -79,7 +82,10 @@ class FakeApp:
             except trio.Cancelled:
                 self.log.append("http cancelled")
                 raise
-        if request.path.startswith("/echo"):
+        if request.path.startswith("/parts/"):  # /parts/N: N parts of PART_BYTES, each its index
+            count = int(request.path.removeprefix("/parts/"))
+            return HttpResponse(200, b"", parts=tuple(bytes([i % 256]) * PART_BYTES for i in range(count)))
+        if request.path.startswith(("/echo", "/quick/echo")):
             echoed = attrs.asdict(request) | {"body": request.body.decode()}
             return HttpResponse(
                 200, orjson.dumps(echoed, default=dict), headers=(("x-test", "yes"),)
@@ -537,6 +543,46 @@ async def test_a_half_closed_request_is_answered(start_server: StartServer) -> N
         await server.wait_no_connections()
     assert reply.status == 200
     assert reply.json()["body"] == "hello"
+
+
+async def test_a_request_the_app_calls_quick_is_answered_unwatched(start_server: StartServer) -> None:
+    """A route the App marks quick (`HeadCheck.watch` False) runs with no task watching the
+    socket: it is answered on a kept-alive connection, and a request sent with the write
+    side then shut is answered too (the end of stream is seen at the next head)."""
+    with trio.fail_after(5):
+        server = await start_server()
+        async with await server.connect() as stream:
+            client = h11.Connection(h11.CLIENT)
+            for n in range(2):
+                reply = await send_request(stream, client, "GET", f"/quick/echo?n={n}")
+                client.start_next_cycle()
+                assert reply.status == 200 and reply.json()["query"] == {"n": str(n)}
+            assert server.stats.statistics().accepted_total == 1
+        async with await server.connect() as stream:
+            await stream.send_all(b"POST /quick/echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+            await stream.send_eof()
+            reply = parse_reply(await receive_until_eof(stream))
+        await server.wait_no_connections()
+    assert reply.status == 200 and reply.json()["body"] == "hello"
+
+
+async def test_a_response_of_many_parts_reaches_a_slow_reader_whole_and_in_order(
+    start_server: StartServer,
+) -> None:
+    """A response of more parts than one write takes (100 of 64 KiB: the first write hands
+    over at most 64 of them, the socket takes less) reaches a client that reads slowly
+    byte for byte, each part in its place."""
+    with trio.fail_after(20):
+        server = await start_server()
+        async with await server.connect() as stream:
+            await stream.send_all(b"GET /parts/100 HTTP/1.1\r\nHost: x\r\n\r\n")
+            received = bytearray()
+            while b"\r\n\r\n" not in received or len(received) < received.index(b"\r\n\r\n") + 4 + 100 * PART_BYTES:
+                received += await stream.receive_some(16 * 1024)
+                await trio.sleep(0.0005)
+    head, _, body = bytes(received).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"content-length: %d" % (100 * PART_BYTES) in head.lower()
+    assert body == b"".join(bytes([i]) * PART_BYTES for i in range(100))
 
 
 async def test_idle_keep_alive_connection_is_closed(start_server: StartServer) -> None:

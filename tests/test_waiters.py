@@ -260,3 +260,30 @@ def test_a_waiter_of_several_threads_is_woken_by_each_of_them_once_and_leaves_no
     with pytest.raises(ValueError, match="at least one thread"):
         waiters.add(Waiter(0, frozenset(), 10))
     assert waiters.statistics().waiters == 0
+
+
+def test_pending_wires_lists_the_pending_requests_from_memory_or_says_a_read_must() -> None:
+    """`pending_wires` (requests.pending without a read): the kept wire JSON of every pending
+    request, oldest first, of one thread or of all; closed ones are gone. None (read the
+    database) before the seed, while a request the seed found has no kept wire, while
+    overflowed, and past ``max_wires`` pending."""
+    waiters = RequestWaiters(max_wires=3, max_pending=4)
+    waiters.on_commit(commit(event(1, request("r1"))))
+    assert waiters.pending_wires(None) is None  # not seeded yet
+    waiters.begin_seed()
+    waiters.seed([("old", "t1", 1)], 1)
+    assert waiters.pending_wires(None) is None  # "old" was found by the read: no wire kept
+    waiters.on_commit(commit(event(2, request("old", status="allowed")), event(3, request("r2", "t2"))))
+    wires = waiters.pending_wires(None)
+    assert wires is not None and [orjson.loads(w)["id"] for w in wires] == ["r1", "r2"]
+    assert wires[1] == waiters.wire_of("r2")
+    t2 = waiters.pending_wires("t2")
+    assert t2 is not None and [orjson.loads(w)["id"] for w in t2] == ["r2"]
+    assert waiters.pending_wires("t3") == []
+    waiters.on_commit(commit(event(4, request("r3")), event(5, request("r4"))))
+    assert waiters.pending_wires(None) is None  # 4 pending, 3 wires kept at most
+    waiters.on_commit(commit(event(6, request("r1", status="denied"))))
+    wires = waiters.pending_wires(None)
+    assert wires is not None and [orjson.loads(w)["id"] for w in wires] == ["r2", "r3", "r4"]
+    waiters.on_commit(commit(event(7, request("r5")), event(8, request("r6"))))
+    assert waiters.overflowed and waiters.pending_wires(None) is None

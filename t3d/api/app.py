@@ -86,6 +86,7 @@ class Route:
         public: bool = False,
         query: tuple[str, ...] | None = (),
         head: Callable[[HttpRequest, bool], HttpResponse | None] | None = None,
+        quick: bool = False,
     ) -> None:
         self.pattern = re.compile(path)
         self.handlers = handlers
@@ -96,6 +97,9 @@ class Route:
         # The route's own check of a request head, given whether it carries the token;
         # it replaces the token and method checks (a refusal, or None to go on).
         self.head = head
+        # Answered from memory, or by one small read or command: no task watches the peer
+        # for a reset meanwhile (`HeadCheck.watch`); the routes bots poll are.
+        self.quick = quick
 
     def unknown_query(self, request: HttpRequest) -> HttpResponse | None:
         """A 400 naming the query parameters this route does not take, and those it does."""
@@ -172,8 +176,8 @@ class ApiApp:
         # The web page, its sign-in links and cookie sessions (t3d/api/web_page.py).
         self.web = WebPage(token, bound)
         # Every HTTP route: the path, the methods it takes (HEAD wherever GET), whether it
-        # is answered without the token, and the query parameters it takes. check_head
-        # refuses the rest before any body.
+        # is answered without the token, the query parameters it takes, and whether it is
+        # quick (`Route.quick`). check_head refuses the rest before any body.
         self.routes: tuple[Route, ...] = (
             Route("/api/health", {"GET": self._get_health}, public=True),
             # The web page's routes: public, since the page checks its own credentials (the
@@ -184,15 +188,15 @@ class ApiApp:
             Route("/api/auth/link", {"POST": self._page}, public=True),
             Route("/api/auth/session", {"GET": self._page}, public=True, query=None),
             Route("/api/auth/logout", {"POST": self._page}, public=True),
-            Route("/api/shell", {"GET": self._get_shell}),
+            Route("/api/shell", {"GET": self._get_shell}, quick=True),
             Route("/api/threads/([^/]+)", {"GET": self._get_thread}, query=("turn_limit", "before")),
             Route("/api/items/([^/]+)", {"GET": self._get_item}, query=("path",)),
-            Route("/api/requests/pending", {"GET": self._get_pending}, query=("thread_id",)),
+            Route("/api/requests/pending", {"GET": self._get_pending}, query=("thread_id",), quick=True),
             Route("/api/requests/wait", {"GET": self._get_wait}, query=("after", "thread_id", "thread_ids", "timeout", "limit")),
-            Route("/api/requests/([^/]+)/respond", {"POST": self._post_respond}),
+            Route("/api/requests/([^/]+)/respond", {"POST": self._post_respond}, quick=True),
             Route("/api/spawner", {"GET": self._get_spawner}),
             Route("/api/dispatch", {"POST": self._post_dispatch}),
-            Route("/api/schema", {"GET": self._get_schema}),
+            Route("/api/schema", {"GET": self._get_schema}, quick=True),
             Route("/mcp", {"POST": self._post_mcp}, head=self._mcp_head),
             Route("/ws", {"GET": self._get_ws}),
         )
@@ -260,7 +264,7 @@ class ApiApp:
             allow = route.allow()
             refusal = _error(405, "method_not_allowed", f"{request.path} takes {allow}, not {request.method}")
             return HeadCheck(trusted=trusted, refusal=attrs.evolve(refusal, headers=(("allow", allow),)))
-        return HeadCheck(trusted=trusted, refusal=route.unknown_query(request))
+        return HeadCheck(trusted=trusted, refusal=route.unknown_query(request), watch=not route.quick)
 
     def answer_now(self, request: HttpRequest) -> HttpResponse | None:
         """``GET /api/health`` (and its HEAD) is answered from memory, at once (no task to

@@ -57,6 +57,10 @@ class HeadCheck:
     trusted: bool = False
     # Answer this at once, read none of the body, and close the connection.
     refusal: HttpResponse | None = None
+    # The answer may be long in coming (a long-poll, a heavy read): the transport watches
+    # the socket meanwhile and drops the work if the peer resets. False: it comes from
+    # memory, or from one small read or command, and is made unwatched.
+    watch: bool = True
 
 
 def error_response(status: int, code: str, message: str) -> HttpResponse:
@@ -134,6 +138,12 @@ def handshake_problem(request: HttpRequest, head_size: int) -> HttpResponse | No
     return None
 
 
+def announces_body(head: h11.Request) -> bool:
+    """Does the request head announce a body (a Content-Length other than 0, or a
+    Transfer-Encoding)? If not, h11 has parsed its end already."""
+    return any(name == b"transfer-encoding" or (name == b"content-length" and value != b"0") for name, value in head.headers)
+
+
 def declared_length(head: h11.Request) -> int | None:
     for name, value in head.headers:
         if name == b"content-length":
@@ -199,10 +209,9 @@ def encode_response_pieces(
     ]
     if close:
         headers.append(("connection", "close"))
-    head = [conn.send(h11.Response(status_code=response.status, headers=headers))]
+    pieces = [conn.send(h11.Response(status_code=response.status, headers=headers)) or b""]
     if response.body and with_body:
-        head.append(conn.send(h11.Data(data=response.body)))
-    pieces = [b"".join(p for p in head if p)]
+        pieces.append(conn.send(h11.Data(data=response.body)) or b"")
     if with_body:
         pieces += [conn.send(h11.Data(data=part)) or b"" for part in response.parts if part]
     pieces.append(conn.send(h11.EndOfMessage()) or b"")

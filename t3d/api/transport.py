@@ -48,6 +48,7 @@ from t3d.api.http1 import HeadCheck as HeadCheck
 from t3d.api.http1 import HttpRequest as HttpRequest
 from t3d.api.http1 import HttpResponse as HttpResponse
 from t3d.api.http1 import (
+    announces_body,
     body_too_large,
     declared_length,
     encode_response,
@@ -67,7 +68,8 @@ from t3d.fd_read import receive_some
 logger = logging.getLogger("t3d.api")
 
 # A response whose pieces together are at most this many bytes is written at once.
-_JOIN_BYTES = 256 * 1024
+# At most this many pieces of a response go in its first write (one writev; IOV_MAX is 1024).
+_WRITE_PIECES = 64
 # After a connection's last response, how long we drain what the peer still
 # sends, so that it reads the response rather than a reset.
 _LINGER_S = 1.0
@@ -440,7 +442,9 @@ class _Connection:
             await self._serve_websocket(request)
             return False
         request = attrs.evolve(request, body=await self._receive_body(head))
-        response = _answer_now(self._app, request) or await self._respond_unless_abandoned(request)
+        response = _answer_now(self._app, request)
+        if response is None:
+            response = await (self._respond_unless_abandoned(request) if check.watch else _call_app(self._app, request))
         if response is None:
             return False
         half_closed = self._h11.trailing_data[1]  # the peer sent its request, then its EOF
@@ -474,6 +478,10 @@ class _Connection:
 
     async def _receive_body(self, head: h11.Request) -> bytes:
         """The whole body, due by the request's deadline (not a per-read one)."""
+        if not announces_body(head):  # a GET as clients send it: nothing to wait for
+            end = self._h11.next_event()
+            assert isinstance(end, h11.EndOfMessage)
+            return b""
         deadline = self._request_started + self._limits.request_timeout_s
         with trio.move_on_at(deadline) as scope:
             return await self._read_body(head)
@@ -587,22 +595,24 @@ class _Connection:
     async def _send_response(
         self, response: HttpResponse, *, close: bool, with_body: bool = True
     ) -> None:
-        pieces = encode_response_pieces(self._h11, response, close=close, with_body=with_body)
-        if len(pieces) > 1 and sum(map(len, pieces)) <= _JOIN_BYTES:  # one write, not one per piece
-            pieces = [b"".join(pieces)]
-        for piece in pieces:
-            await self._send_bytes(piece)
+        await self._send_pieces(encode_response_pieces(self._h11, response, close=close, with_body=with_body))
 
     async def _send(self, event: h11.Event) -> None:
         data = self._h11.send(event)
         assert data is not None
-        await self._send_bytes(data)
+        await self._send_pieces([data])
 
-    async def _send_bytes(self, data: bytes) -> None:
-        sent = write_now(self._stream, data)  # what the socket takes at once: no wait
-        if sent < len(data):
+    async def _send_pieces(self, pieces: list[bytes]) -> None:
+        """Send ``pieces`` in order: what the socket takes at once in one write (of at most
+        `_WRITE_PIECES` pieces, none joined), the rest as the peer reads."""
+        sent = write_now(self._stream, *pieces[:_WRITE_PIECES]) if pieces else 0
+        for piece in pieces:
+            if sent >= len(piece):
+                sent -= len(piece)
+                continue
             with trio.fail_after(self._limits.idle_timeout_s):
-                await self._stream.send_all(memoryview(data)[sent:])
+                await self._stream.send_all(memoryview(piece)[sent:])
+            sent = 0
 
     async def _close_gracefully(self) -> None:
         """Half-close, then drain the peer's leftovers briefly so it reads our last response."""

@@ -159,9 +159,7 @@ class BaseReader:
         """The shell as one JSON object in pieces of at most 256 KiB (HTTP)."""
         if self._shell_rows is not None:
             shell = await self._shell_copy()
-            if len(shell.threads) <= ROWS_PER_PIECE:
-                return _cut(b"".join((_shell_head(shell), b",".join(shell.threads), b"]}")))
-            made = self._thread_pieces
+            made = self._thread_pieces  # the rows' pieces, made again only when a row changed
             if made is None or made[0] is not shell.threads:
                 made = self._thread_pieces = (shell.threads, await thread_pieces(shell.threads))
             return [*_cut(_shell_head(shell)), *made[1], b"]}"]
@@ -234,7 +232,8 @@ async def thread_pieces(threads: tuple[bytes, ...]) -> list[bytes]:
     `ROWS_PER_PIECE` rows at a time, with a checkpoint between, letting the loop run."""
     pieces: list[bytes] = []
     for start in range(0, len(threads), ROWS_PER_PIECE):
-        await trio.lowlevel.checkpoint()
+        if start:
+            await trio.lowlevel.checkpoint()
         pieces += _cut((b"," if start else b"") + b",".join(threads[start : start + ROWS_PER_PIECE]))
     return pieces
 

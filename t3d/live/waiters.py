@@ -187,6 +187,22 @@ class RequestWaiters:
             self._pending.pop(request_id, None)
             self._wires.pop(request_id, None)
 
+    def pending_wires(self, thread_id: str | None) -> list[bytes] | None:
+        """The kept wire JSON of every pending request (of ``thread_id``; None: of every
+        thread), oldest first: what a read of the pending requests would find, as of the
+        last commit. None when the index cannot tell alone (not seeded, overflowed, a
+        request's wire not kept, more than ``max_wires`` pending): read them then."""
+        if self.needs_seed or len(self._pending) > self.max_wires:
+            return None
+        wires = []
+        for request in self._pending.values():
+            if thread_id is None or request.thread_id == thread_id:
+                wire = self._wires.get(request.request_id)
+                if wire is None:
+                    return None
+                wires.append(wire)
+        return wires
+
     def wire_of(self, request_id: str) -> bytes | None:
         """The kept wire JSON of an indexed request (None: not kept; read it)."""
         return self._wires.get(request_id)
