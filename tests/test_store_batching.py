@@ -151,6 +151,29 @@ async def test_an_update_after_a_quiet_spell_and_a_clients_command_never_wait_fo
             assert (await store.execute(c.CreateProject("p2", str(tmp_path / "p2")), command_id="c-1")).result == project.result
 
 
+async def test_the_outboxs_done_marks_join_an_open_transaction_and_commit_it(tmp_path: Path) -> None:
+    """With a 30 s commit interval, an update that waits for company: marking outbox effects
+    done (`mark_effects_done`, `finish_effect`) joins its transaction and commits it at once,
+    the update included: one COMMIT for both, not a batch cut short and a second one."""
+    with trio.fail_after(10):
+        async with _running_turns(tmp_path, commit_interval_s=30.0) as store:
+            effects = await store.pending_effects()
+            assert len(effects) >= 2
+            await (await store.send(c.RecordItems("u0", (_item("u0", "a"),)))).outcome()
+            for n, (effect_id, effect) in enumerate(effects[:2]):  # each update waits for company
+                before, _ = _batches(store)
+                waiting = await store.send(c.RecordItems(f"u{n + 1}", (_item(f"u{n + 1}", "a"),)))
+                await trio.sleep(0.2)
+                assert not waiting.done
+                if n == 0:
+                    await store.mark_effects_done([effect_id])
+                else:
+                    await store.finish_effect(effect)
+                await waiting.outcome()
+                assert _batches(store) == (before + 1, 2)
+            assert [i for i, _ in await store.pending_effects()] == [i for i, _ in effects[2:]]
+
+
 async def test_batching_off_commits_each_update_alone(tmp_path: Path) -> None:
     """T3D_PROVIDER_COMMIT_BATCHING=false: the same queue commits one transaction per update."""
     async with _running_turns(tmp_path, batching=False) as store:

@@ -17,7 +17,7 @@ params), so the same ``command_id`` sent with other params is refused.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import apsw
@@ -84,6 +84,15 @@ class Write:
     fingerprint: bytes | None = None
 
 
+@attrs.frozen
+class Bookkeeping:
+    """One of the daemon's own writes that decides nothing and publishes nothing (the
+    outbox's done marks): run alone, or joined to a batch's open transaction, where any
+    error it raises is the database's and fails the whole transaction."""
+
+    run: Callable[[apsw.Connection], None]
+
+
 def execute(
     conn: apsw.Connection,
     command: c.Command,
@@ -132,7 +141,10 @@ class BatchTransaction:
     def begin(self, conn: apsw.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
 
-    def apply(self, conn: apsw.Connection, write: Write) -> outcome.Outcome[Committed]:
+    def apply(self, conn: apsw.Connection, write: Write | Bookkeeping) -> outcome.Outcome[Any]:
+        if isinstance(write, Bookkeeping):
+            write.run(conn)
+            return outcome.Value(None)
         return _apply(conn, write, self.cache)
 
     def commit(self, conn: apsw.Connection) -> None:

@@ -35,6 +35,7 @@ from t3d.store import queries as q
 from t3d.store.checkpointer import Checkpointer
 from t3d.store.commit import (
     BatchTransaction,
+    Bookkeeping,
     Committed,
     Write,
     execute,
@@ -237,13 +238,18 @@ class Store:
         """Mark these outbox rows done; raises `DatabaseUnavailableError` when the database
         cannot take it (the effect worker keeps the ids and tries again later)."""
         now = self._clock()
-        await self._writer.run(lambda conn: mark_effects_done(conn, ids, now))
+        await self._bookkeeping(lambda conn: mark_effects_done(conn, ids, now))
 
     async def finish_effect(self, effect: ev.Effect) -> None:
         """Mark an effect of `DONE_WHEN_FINISHED` done: its work is finished. Waits while
         the database is unavailable, like `record`."""
         now, kind, payload = self._clock(), type(effect).__name__, orjson.dumps(converter.unstructure(effect))
-        await self._until_committed(lambda: self._writer.run(lambda conn: finish_effect(conn, kind, payload, now)))
+        await self._until_committed(lambda: self._bookkeeping(lambda conn: finish_effect(conn, kind, payload, now)))
+
+    async def _bookkeeping(self, write: Callable[[apsw.Connection], None]) -> None:
+        """Run ``write`` alone, or in the open transaction of a batch of provider updates (it
+        commits the batch: one COMMIT for both)."""
+        await self._writer.run(write, item=Bookkeeping(write))
 
     @property
     def unavailable(self) -> DatabaseUnavailableError | None:

@@ -26,11 +26,12 @@ Rules:
   transactions come at most once per interval, and an update after a quiet
   spell commits at once (seed 001: no collection window delays an isolated
   update). Any other job ends the batch at once and runs after it (the order of
-  submission is the order of commit), except a client's command (``run`` with
-  ``item``): that is applied last in the batch's transaction and commits it, so
-  it waits for one COMMIT, not for the updates before it (applied as they
-  arrived); if the database cannot take it, it fails as a command always does,
-  and the updates are held. Each job keeps its own outcome.
+  submission is the order of commit), except a job sent with ``item`` (``run``:
+  a client's command, the daemon's outbox bookkeeping): that is applied last in
+  the batch's transaction and commits it, so it waits for one COMMIT, not for
+  the updates before it (applied as they arrived); if the database cannot take
+  it, it fails as it would alone, and the updates are held. Each job keeps its
+  own outcome.
 - A job whose ``deliver`` raises fails only itself: its caller gets the error,
   the loop and the other jobs go on. ``deliver`` runs only for a job that committed.
 - The database unavailable (a full disk, another process's lock: availability.py):
