@@ -36,6 +36,7 @@ STEADY_FIGURES = (
     "gate_closed_pct", "daemon_child_processes", "turn_p50_per_fixture", "providers_rss_per_session_mib",
     "daemon_cpu_ms_per_turn", "daemon_cpu_ms_per_kline", "spawner_cpu_ms_per_turn",
     "daemon_loop_cpu_ms_per_turn", "daemon_writer_cpu_ms_per_turn", "daemon_kernel_cpu_pct",
+    "daemon_cpu_per_provider_cpu",
 )  # fmt: skip
 STEADY_EXTRAS = (
     "turns_failed", "turns_in_flight", "health_failures", "providers_peak",
@@ -301,6 +302,11 @@ def _daemon_cpu_split(samples: Sequence[Sample], fig: dict[str, Any], missing: d
     fig["daemon_kernel_cpu_pct"] = None if kernel is None else ratio(kernel * 100, total)
     if fig["daemon_kernel_cpu_pct"] is None:
         missing["daemon_kernel_cpu_pct"] = "the daemon's CPU was not sampled at both ends of the window"
+    # The agents do the same work for a turn whatever the daemon is, so their CPU tracks how
+    # fast the shared machine was during this window: the ratio is steadier between runs.
+    fig["daemon_cpu_per_provider_cpu"] = ratio(total, fig.get("providers_cpu_s"))
+    if fig["daemon_cpu_per_provider_cpu"] is None:
+        missing["daemon_cpu_per_provider_cpu"] = "the daemon's or the agents' CPU was not sampled at both ends of the window"
 
 
 def _scrapes(scrapes: Sequence[Sequence[Any]] | None, start: float, end: float, fig: dict[str, Any], missing: dict[str, str]) -> None:

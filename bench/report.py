@@ -45,6 +45,7 @@ LABELS = {
     "daemon_loop_cpu_ms_per_turn": "daemon's loop thread CPU per turn (ms)",
     "daemon_writer_cpu_ms_per_turn": "daemon's writer thread CPU per turn (ms)",
     "daemon_kernel_cpu_pct": "daemon CPU in the kernel (%)",
+    "daemon_cpu_per_provider_cpu": "daemon CPU ÷ provider processes CPU",
     "providers_cpu_s": "provider processes CPU (s)",
     "machine_busy_pct": "machine CPU busy (% of all CPUs, every process)",
     "events_per_s": "events written per second",

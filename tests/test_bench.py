@@ -373,6 +373,8 @@ async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path:
     threads_s = (figures["daemon_loop_cpu_ms_per_turn"] + figures["daemon_writer_cpu_ms_per_turn"]) * figures["turns_completed"] / 1000
     assert threads_s <= figures["daemon_cpu_s"] + 0.05  # read a moment apart: a few clock ticks
     assert 0 < figures["daemon_kernel_cpu_pct"] < 100
+    # ... and set against the agents' CPU in the same window (the same work for every daemon).
+    assert figures["daemon_cpu_per_provider_cpu"] == pytest.approx(figures["daemon_cpu_s"] / figures["providers_cpu_s"], rel=0.02)
     text = (out / "report.md").read_text()
     assert "turns ÷ limit" in text and label in text
     assert not list(out.glob("state-*")), "the run's state dir is removed"
