@@ -49,6 +49,7 @@ STEADY_EXTRAS = (
     "snapshot_log_mib_first_third", "snapshot_log_mib_last_third", "snapshot_log_mib_peak",
     "retention_steps", "retention_deleted", "retention_compacted", "retention_running_at_end",
     "writer_job_p50_ms", "writer_job_p95_ms", "writer_job_p99_ms", "wal_checkpoints", "wal_checkpoints_on_writer",
+    "writer_transactions_per_turn", "writer_jobs_per_turn",
     "first_chunk_p50_ms", "first_chunk_p95_ms", "first_chunk_samples",
     "slow_clients", "slow_connects", "event_delay_p50_ms", "event_delay_p95_ms",
     "event_delay_max_ms", "probe_events_missed",
@@ -254,7 +255,7 @@ def steady_figures(i: Inputs) -> tuple[dict[str, Any], dict[str, str]]:
     _approvals(polls, fig, missing)
     _approvals_from_commit(i.metrics_span, fig, missing)
     _retention(i.metrics_span, fig, missing)
-    _writer(i.metrics_span, fig, missing)
+    _writer(i.metrics_span, fig, missing, len(done))
     fig["snapshot_polls"], fig["snapshot_p50_ms"] = (
         snap["polls"],
         percentile(snap["snapshot_ms"], 50),
@@ -397,6 +398,10 @@ RETENTION_COUNTERS = {
     "retention_deleted": "t3d_retention_events_deleted_total",
     "retention_compacted": "t3d_retention_events_compacted_total",
 }
+WRITER_COUNTERS = {
+    "writer_transactions": "t3d_writer_transactions_total",
+    "writer_jobs": "t3d_writer_jobs_total",
+}
 WAL_COUNTERS = {
     "wal_checkpoints": "t3d_wal_checkpoints_total",
     "wal_checkpoints_on_writer": "t3d_wal_checkpoints_on_writer_total",
@@ -412,12 +417,20 @@ def _retention(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[
         missing["retention_running_at_end"] = "GET /metrics had no t3d_retention_running at the window's end"
 
 
-def _writer(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str]) -> None:
+def _writer(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str, str], turns: int) -> None:
     """The writer's commit latency over the window (a job's submission to its outcome, every
-    job: commands, provider batches, retention steps) and the WAL checkpoints: on their
-    thread, and those a commit ran on the writer."""
+    job: commands, provider batches, retention steps), its transactions (each one COMMIT and
+    fsync) and jobs per turn completed, and the WAL checkpoints: on their thread, and those
+    a commit ran on the writer."""
     _histogram_ms(span, WRITER_JOB_HISTOGRAM, "writer_job", (50, 95, 99), fig, missing, "no writer job in the window")
     _counter_deltas(span, WAL_COUNTERS, fig, missing)
+    counts: dict[str, Any] = {}
+    _counter_deltas(span, WRITER_COUNTERS, counts, missing)
+    for name, count in counts.items():
+        fig[f"{name}_per_turn"] = None if count is None or not turns else count / turns
+        missing.pop(name, None)
+        if fig[f"{name}_per_turn"] is None:
+            missing[f"{name}_per_turn"] = NO_EDGES if count is None else "no turn completed in the window"
 
 
 def _switches_and_slow_clients(load: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:

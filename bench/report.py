@@ -76,6 +76,8 @@ LABELS = {
     "writer_job_p50_ms": "writer job, submission to outcome p50 (ms, daemon)",
     "writer_job_p95_ms": "writer job, submission to outcome p95 (ms, daemon)",
     "writer_job_p99_ms": "writer job, submission to outcome p99 (ms, daemon)",
+    "writer_transactions_per_turn": "writer transactions per turn (each a COMMIT; daemon)",
+    "writer_jobs_per_turn": "writer jobs per turn (daemon)",
     "wal_checkpoints": "WAL checkpoints on the checkpointer thread in the window (daemon)",
     "wal_checkpoints_on_writer": "WAL checkpoints a commit ran on the writer in the window (daemon)",
     "turns_done_s": "every turn done (s)",

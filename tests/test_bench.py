@@ -365,6 +365,10 @@ async def test_the_smoke_profile_runs_end_to_end_through_a_real_daemon(tmp_path:
     # The WAL is checkpointed in the window: by commits while checkpoints are quick (the
     # small smoke database), by the checkpointer thread while they are slow.
     assert run["figures"]["wal_checkpoints"] + run["figures"]["wal_checkpoints_on_writer"] > 0
+    # Every turn commits through the writer: at least its start, its items and its end, in
+    # at least one transaction; a transaction holds one job or more.
+    assert 0 < run["figures"]["writer_transactions_per_turn"] <= run["figures"]["writer_jobs_per_turn"]
+    assert run["figures"]["writer_jobs_per_turn"] >= 3
     assert len((out / f"{label}.turns.csv").read_text().splitlines()) > 1
     # The daemon's CPU split: its loop's thread and its writer thread (found by their OS
     # names) are parts of it, and some of it is the kernel's.
