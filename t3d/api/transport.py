@@ -67,7 +67,6 @@ from t3d.fd_read import receive_some
 
 logger = logging.getLogger("t3d.api")
 
-# A response whose pieces together are at most this many bytes is written at once.
 # At most this many pieces of a response go in its first write (one writev; IOV_MAX is 1024).
 _WRITE_PIECES = 64
 # After a connection's last response, how long we drain what the peer still
