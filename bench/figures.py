@@ -371,12 +371,17 @@ def _histogram_ms(
     return deltas
 
 
+def _counter_delta(span: tuple[str, str] | None, counter: str) -> float | None:
+    """A /metrics counter's growth over the window (None: not read at both edges)."""
+    start, end = span or ("", "")
+    before, after = counter_value(start, counter), counter_value(end, counter)
+    return None if before is None or after is None else after - before
+
+
 def _counter_deltas(span: tuple[str, str] | None, counters: dict[str, str], fig: dict[str, Any], missing: dict[str, str]) -> None:
     """Each figure of ``counters`` (figure -> /metrics counter): its growth over the window."""
-    start, end = span or ("", "")
     for name, counter in counters.items():
-        before, after = counter_value(start, counter), counter_value(end, counter)
-        fig[name] = None if before is None or after is None else after - before
+        fig[name] = _counter_delta(span, counter)
         if fig[name] is None:
             missing[name] = f"GET /metrics had no {counter} at both edges of the window"
 
@@ -398,9 +403,9 @@ RETENTION_COUNTERS = {
     "retention_deleted": "t3d_retention_events_deleted_total",
     "retention_compacted": "t3d_retention_events_compacted_total",
 }
-WRITER_COUNTERS = {
-    "writer_transactions": "t3d_writer_transactions_total",
-    "writer_jobs": "t3d_writer_jobs_total",
+WRITER_COUNTERS = {  # per turn completed
+    "writer_transactions_per_turn": "t3d_writer_transactions_total",
+    "writer_jobs_per_turn": "t3d_writer_jobs_total",
 }
 WAL_COUNTERS = {
     "wal_checkpoints": "t3d_wal_checkpoints_total",
@@ -424,13 +429,11 @@ def _writer(span: tuple[str, str] | None, fig: dict[str, Any], missing: dict[str
     a commit ran on the writer."""
     _histogram_ms(span, WRITER_JOB_HISTOGRAM, "writer_job", (50, 95, 99), fig, missing, "no writer job in the window")
     _counter_deltas(span, WAL_COUNTERS, fig, missing)
-    counts: dict[str, Any] = {}
-    _counter_deltas(span, WRITER_COUNTERS, counts, missing)
-    for name, count in counts.items():
-        fig[f"{name}_per_turn"] = None if count is None or not turns else count / turns
-        missing.pop(name, None)
-        if fig[f"{name}_per_turn"] is None:
-            missing[f"{name}_per_turn"] = NO_EDGES if count is None else "no turn completed in the window"
+    for name, counter in WRITER_COUNTERS.items():
+        count = _counter_delta(span, counter)
+        fig[name] = None if count is None or not turns else count / turns
+        if fig[name] is None:
+            missing[name] = f"GET /metrics had no {counter} at both edges of the window" if count is None else "no turn completed in the window"
 
 
 def _switches_and_slow_clients(load: dict[str, Any], fig: dict[str, Any], missing: dict[str, str]) -> None:
