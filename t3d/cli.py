@@ -47,7 +47,7 @@ SERVE_FLAGS = (
     ("--sqlite-reader-pool", "sqlite_reader_pool", "SQLite reader threads, 1-32 (T3D_SQLITE_READER_POOL; default 4)"),
     ("--claude-bin", "claude_bin", "the claude CLI for the claude provider (T3D_CLAUDE_BIN; default claude)"),
     ("--codex-bin", "codex_bin", "the codex CLI for the codex provider, run as `codex app-server` (T3D_CODEX_BIN; default codex)"),
-    ("--codex-retry-timeout", "codex_retry_timeout", "seconds a Codex turn may only retry (reconnecting) before t3d stops it and fails it with Codex's message, 0 = as long as Codex retries (T3D_CODEX_RETRY_TIMEOUT; default 60)"),
+    ("--codex-retry-timeout", "codex_retry_timeout", "seconds a Codex turn may only retry (reconnecting) before t3d stops it and fails it with Codex's message, 0 = as long as Codex retries, at most 3600 (T3D_CODEX_RETRY_TIMEOUT; default 60)"),
     ("--replay-fixture", "replay_fixture", "transcript for the replay provider (T3D_REPLAY_FIXTURE; default: the bundled multi-turn one)"),
     ("--replay-codex-fixture", "replay_codex_fixture", "transcript for the replay-codex provider (T3D_REPLAY_CODEX_FIXTURE; default: the bundled multi-turn Codex one)"),
     ("--replay-speed", "replay_speed", "replay timing scale, 0 = no delays (T3D_REPLAY_SPEED; default 1)"),
