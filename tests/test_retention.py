@@ -640,3 +640,29 @@ def test_migration_6_lets_the_next_pass_compact_what_earlier_passes_pruned(tmp_p
     assert compacted == newly_compacted(log, {ITEM: log[-1].sequence, STATE: log[-1].sequence}) & stored
     assert len(compacted) == sum(plan.compacted.values()) == retention_value(conn, COMPACTED_COUNT) > 0
     conn.close()
+
+
+async def test_the_events_deleted_count_leaves_out_the_outbox_rows_a_pass_removes(tmp_path: Path) -> None:
+    """A pass that deletes superseded events and done outbox rows: health's and /metrics'
+    ``deleted`` (`t3d_retention_events_deleted_total`) counts the events only, while the
+    pass's report lists the outbox rows under their own phase."""
+    with trio.fail_after(60):
+        async with open_store(tmp_path / "t3d.sqlite", on_writer_lost=_lost) as store:
+            pruner = Pruner(store, Policy(item_age_s=0.0, state_age_s=0.0))
+            await store.execute(c.CreateProject("p", "/p"))
+            await store.execute(c.CreateThread("t", "p", "replay"))
+            for turn in range(3):
+                turn_id = f"u{turn}"
+                await store.execute(c.StartTurn("t", turn_id, "go"))
+                await store.record(c.MarkTurnRunning(turn_id))
+                for step in range(5):
+                    item = TurnItem(f"{turn_id}:a", "t", turn_id, 0, "assistant_message", "streaming", None, "x" * step, None, 0.0)
+                    await store.record(c.RecordItems(turn_id, (item,)))
+                await store.record(c.FinishTurn(turn_id, "completed"))
+            await store.mark_effects_done([effect_id for effect_id, _ in await store.pending_effects()])
+            await trio.sleep(0.01)  # everything above is older than the ages of 0
+            report = await pruner.run_pass()
+    assert report.rows["outbox"] > 0
+    events = sum(n for phase, n in report.rows.items() if phase != "outbox")
+    assert events > 0
+    assert pruner.statistics()["deleted"] == events

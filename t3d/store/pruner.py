@@ -29,6 +29,7 @@ from t3d.store.commit import Committed
 from t3d.store.read_classes import ReadClass
 from t3d.store.retention import PURGES_PER_PASS, count_step, run_step, survey
 from t3d.store.retention_plan import (
+    Outbox,
     Pass,
     Policy,
     Step,
@@ -136,7 +137,8 @@ class Pruner:
                     progress(plan)
                 if not dry_run:
                     self.steps += 1
-                    self.deleted += result.rows
+                    if not isinstance(step, Outbox):  # its rows are done outbox rows, not events
+                        self.deleted += result.rows
                     self.compacted += result.compacted
                     await trio.sleep(pause_after(result.elapsed_s, policy))
             plan.done = plan.total
