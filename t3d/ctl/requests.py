@@ -42,7 +42,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
     listing.set_defaults(handler=_requests)
     approve = commands.add_parser("approve", parents=[common], help="allow a pending request")
     approve.add_argument("request", metavar="REQUEST", help="the request's id (t3d ctl requests lists them)")
-    approve.add_argument("--session", action="store_true", help="allow this tool for the rest of the agent's session too")
+    approve.add_argument("--session", action="store_true", help="Codex: allow the same for the rest of its session too (Claude Code: a plain allow)")
     approve.set_defaults(handler=_approve)
     deny = commands.add_parser("deny", parents=[common], help="deny a pending request")
     deny.add_argument("request", metavar="REQUEST", help="the request's id (t3d ctl requests lists them)")
