@@ -357,7 +357,7 @@ def _clip(text: str, limit: int = TEXT_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-_DECISION = _s("allow; allow_session (Codex: allow, and the same for the rest of its session; Claude Code: a plain allow, it asks again); deny (the agent is told no, with message); cancel (withdraw the prompt)", enum=list(DECISIONS))
+_DECISION = _s("allow; allow_session (Codex: allow, and the same for the rest of its session; Claude Code: a plain allow, it asks again); deny (the agent is told no, and message where its protocol takes one: Claude Code does, Codex's current approvals do not); cancel (withdraw the prompt)", enum=list(DECISIONS))
 
 TOOLS = (
     Tool(
