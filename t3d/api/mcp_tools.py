@@ -402,7 +402,7 @@ TOOLS = (
     ),
     Tool(
         "respond_to_request", "Answer a request",
-        "Answer a pending runtime request: allow it, allow it for the rest of the session, deny it (with a message for the agent), or cancel it.",
+        "Answer a pending runtime request: allow it (on Codex optionally for the rest of its session), deny it (with a message for the agent where its protocol takes one), or cancel it.",
         _schema(("request_id", "decision"), request_id=_s("the request's id (from list_requests or wait_for_request)"), decision=_DECISION, message=_s("for deny: what the agent is told")),
         respond_to_request,
     ),
