@@ -48,7 +48,7 @@ async def turn_end(client: RpcClient, turn_id: str) -> dict[str, Any]:
 
 
 async def test_a_person_lists_approves_waits_for_and_denies_prompts(tmp_path: Path) -> None:
-    """`requests` lists the pending Edit prompt (a table, or --json), `approve` allows it and
+    """`requests` lists the pending Edit prompt (a table, or --json; --thread by a prefix), `approve` allows it and
     the turn completes; with nothing pending `requests` says so, `requests --wait --thread`
     blocks until the Bash prompt opens and prints it, `deny --message` denies it; answering it
     again, or an unknown request, exits 1 naming the problem and `t3d ctl requests`."""
@@ -63,7 +63,8 @@ async def test_a_person_lists_approves_waits_for_and_denies_prompts(tmp_path: Pa
             status, out, err = await ctl(state, port, "requests")
             assert status == 0, err
             assert out.split()[:4] == ["REQUEST", "THREAD", "AGE", "ASKS"] and request["id"] in out and "Edit notes.txt" in out
-            status, out, _ = await ctl(state, port, "requests", "--json", "--thread", thread_id)
+            # --thread takes a unique prefix of the id, as THREAD arguments do.
+            status, out, _ = await ctl(state, port, "requests", "--json", "--thread", thread_id[:8])
             assert status == 0 and [r["id"] for r in orjson.loads(out)] == [request["id"]]
             status, out, err = await ctl(state, port, "approve", request["id"])
             assert (status, out) == (0, f"request {request['id']} allowed\n"), err

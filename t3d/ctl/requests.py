@@ -28,6 +28,7 @@ from t3d.ctl.client import (
     read_token,
 )
 from t3d.ctl.render import format_duration, one_line, summarize_input
+from t3d.ctl.shell import resolve_thread
 from t3d.ctl.terminal import out
 
 # Each long-poll of --wait; below the client's own HTTP deadline (client.HTTP_TIMEOUT_S).
@@ -38,7 +39,7 @@ NOT_FOUND, CONFLICT = -32001, -32002
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     listing = commands.add_parser("requests", parents=[common], help="list the permission prompts agents wait on")
     listing.add_argument("--wait", action="store_true", help="if none is pending, wait until one is")
-    listing.add_argument("--thread", metavar="ID", help="only this thread's requests")
+    listing.add_argument("--thread", metavar="THREAD", help="only this thread's requests (its id or a unique prefix of it)")
     listing.set_defaults(handler=_requests)
     approve = commands.add_parser("approve", parents=[common], help="allow a pending request")
     approve.add_argument("request", metavar="REQUEST", help="the request's id (t3d ctl requests lists them)")
@@ -52,7 +53,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser], comm
 
 async def _requests(args: argparse.Namespace, endpoint: Endpoint) -> int:
     token = read_token(endpoint.token_path)
-    query = {"thread_id": args.thread} if args.thread else {}
+    query = {"thread_id": await resolve_thread(endpoint, token, args.thread)} if args.thread else {}
     if args.wait:
         cursor = 0
         while True:  # after=0: whatever is pending comes back at once
