@@ -359,15 +359,21 @@ def _peer_address(stream: trio.SocketStream) -> str:
 
 
 async def _call_app(app: App, request: HttpRequest) -> HttpResponse:
-    """The App's response; a 500 if it raises (logged with its traceback unless a T3dError)."""
+    """The App's response; a 500 if it raises (`_failed`)."""
     try:
         return await app.handle_http(request)
-    except T3dError as exc:
+    except Exception as exc:
+        return _failed(request, exc)
+
+
+def _failed(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """The 500 for an App that raised ``exc``: a T3dError's message (a warning in the log),
+    anything else unnamed (logged with its traceback)."""
+    if isinstance(exc, T3dError):
         logger.warning("%s %s failed: %s", request.method, request.path, exc)
         return error_response(500, "server_error", str(exc))
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
-        return error_response(500, "internal", "internal error; the server log has the details")
+    logger.error("%s %s failed", request.method, request.path, exc_info=exc)
+    return error_response(500, "internal", "internal error; the server log has the details")
 
 
 def _protocol_error_farewell(
@@ -397,15 +403,11 @@ def _protocol_error_farewell(
 
 
 def _answer_now(app: App, request: HttpRequest) -> HttpResponse | None:
-    """`App.answer_now`, with a 500 if it raises (as `_call_app`)."""
+    """`App.answer_now`, with a 500 if it raises (`_failed`)."""
     try:
         return app.answer_now(request)
-    except T3dError as exc:
-        logger.warning("%s %s failed: %s", request.method, request.path, exc)
-        return error_response(500, "server_error", str(exc))
-    except Exception:
-        logger.exception("%s %s failed", request.method, request.path)
-        return error_response(500, "internal", "internal error; the server log has the details")
+    except Exception as exc:
+        return _failed(request, exc)
 
 
 async def _run_websocket_app(
